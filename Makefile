@@ -1,0 +1,43 @@
+# Everything sets itself up: a fresh machine needs only Python 3.11+ and make.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-fast bench bench-quick soak typecheck clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,postgres,bench]'
+	touch $(STAMP)
+
+## demo: a scripted agent session that is killed mid-session, resumed, compacted and exported
+demo: $(STAMP)
+	$(VENV)/bin/context-persistent demo
+
+## test: the whole suite, slow crash tests included (what CI runs)
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+## test-fast: everything but the tests marked slow
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+## bench: the full benchmark suite (ratios against the floor and the peers, one run)
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+## bench-quick: a short benchmark pass for use while developing (under a minute)
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.run --quick
+
+## soak: the crash loop with many more kills than the test suite
+soak: $(STAMP)
+	CP_SOAK_KILLS=$${CP_SOAK_KILLS:-2000} $(PY) -m pytest -q -m slow tests/test_crash_loop.py
+
+typecheck: $(STAMP)
+	$(PY) -m mypy context_persistent
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

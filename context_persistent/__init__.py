@@ -1,0 +1,39 @@
+"""context-persistent: an event-sourced, crash-safe context store for long-running LLM agents.
+
+Also a drop-in Amplifier ``context`` module (entry point ``context-persistent`` → :func:`mount`).
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ConcurrencyError,
+    ContextPersistentError,
+    LogCorruptedError,
+    LogWriteError,
+    ReadOnlyError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    StoreClosedError,
+    UnsupportedFormatError,
+)
+from .manager import PersistentContextManager
+from .mount import mount
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConcurrencyError",
+    "ContextPersistentError",
+    "LogCorruptedError",
+    "LogWriteError",
+    "PersistentContextManager",
+    "ReadOnlyError",
+    "SessionExistsError",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "StoreClosedError",
+    "UnsupportedFormatError",
+    "__version__",
+    "mount",
+]

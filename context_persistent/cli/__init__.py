@@ -1,0 +1,91 @@
+"""The ``context-persistent`` command line: a thin layer over the public API.
+
+Each command group lives in its own module with a ``register(subparsers, common)`` function; this module
+only assembles them, sets the exit codes (0 ok, 1 problem found, 2 usage error) and turns errors into one
+clear line (a traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ..errors import ContextPersistentError
+
+#: Command modules, in the order their commands appear in ``--help``.
+COMMAND_MODULES = ("demo",)
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+EPILOG = """examples:
+  context-persistent demo                      run the crash-and-resume demo in a temporary folder
+  context-persistent --help                    this help; every command has its own --help with examples
+
+storage: --storage PATH on every command, else $CONTEXT_PERSISTENT_DIR, else ./.amplifier/context
+"""
+
+
+class UsageError(Exception):
+    """Bad command-line usage (exit code 2)."""
+
+
+def common_parser() -> argparse.ArgumentParser:
+    """Options every command takes (added to each subparser so they may follow the command name)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--storage", metavar="PATH", default=None,
+                   help="storage folder (default: $CONTEXT_PERSISTENT_DIR or ./.amplifier/context)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def storage_of(args: argparse.Namespace) -> str:
+    from ..mount import storage_from
+
+    return str(storage_from({"storage_path": args.storage}))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # exit code 2 with one line, as argparse does, but our format
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="context-persistent", description=__doc__.splitlines()[0] if __doc__ else None,
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    common = common_parser()
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (UsageError, ValueError) as e:
+        if args.debug:
+            raise
+        print(f"context-persistent {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ContextPersistentError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"context-persistent {args.command}: {e}", file=sys.stderr)
+        return EXIT_PROBLEM
+
+
+def run() -> None:
+    sys.exit(main())
+

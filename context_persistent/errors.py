@@ -1,0 +1,71 @@
+"""The exception hierarchy: one root, a few children, each naming what went wrong."""
+
+from __future__ import annotations
+
+
+class ContextPersistentError(Exception):
+    """Root of every error this package raises on purpose (bad arguments stay ValueError/TypeError)."""
+
+
+class SessionNotFoundError(ContextPersistentError):
+    """A session that must exist (read-only open, export, fork source) does not."""
+
+
+class SessionExistsError(ContextPersistentError):
+    """A session that must not exist yet (import, fork target) already does."""
+
+
+class SessionLockedError(ContextPersistentError):
+    """Another writer holds the session's lock."""
+
+    def __init__(self, session_id: str, pid: int | None, where: str = "") -> None:
+        self.session_id = session_id
+        self.pid = pid
+        holder = f"pid {pid}" if pid else "another writer (pid unknown)"
+        super().__init__(
+            f"session {session_id!r} is locked by {holder}{' ' + where if where else ''}; "
+            "only one writer may hold a session at a time (open with readonly=True to read it)"
+        )
+
+
+class ConcurrencyError(ContextPersistentError):
+    """An append expected a sequence number that another writer has already used."""
+
+
+class StoreClosedError(ContextPersistentError):
+    """The store was used after close()."""
+
+
+class ReadOnlyError(ContextPersistentError):
+    """A write was attempted on a store opened with readonly=True."""
+
+
+class LogCorruptedError(ContextPersistentError):
+    """A record before the end of the log fails its checksum or cannot be parsed."""
+
+    def __init__(self, path: str, line: int, offset: int, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"{path}: line {line} (byte offset {offset}) is corrupt: {reason}; "
+            "nothing was loaded. Run `context-persistent verify` for a report and "
+            "`context-persistent repair` to quarantine bad records and keep every valid one"
+        )
+
+
+class UnsupportedFormatError(ContextPersistentError):
+    """The log was written by a newer, incompatible format version."""
+
+
+class LogWriteError(ContextPersistentError):
+    """Writing or syncing the log failed (disk full, permission, I/O error); nothing was recorded."""
+
+    def __init__(self, path: str, op: str, cause: OSError) -> None:
+        self.path = path
+        self.errno = cause.errno
+        super().__init__(
+            f"could not {op} {path}: {cause.strerror or cause} (errno {cause.errno}); "
+            "the record was not stored and the log is unchanged"
+        )

@@ -1,0 +1,51 @@
+"""Event types and the validation of commands before they become events (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+from .codec import dumps
+
+SESSION_STARTED: Final = "session_started"
+MESSAGE_ADDED: Final = "message_added"
+MESSAGES_REPLACED: Final = "messages_replaced"
+CLEARED: Final = "cleared"
+TRANSCRIPT_IGNORED: Final = "transcript_ignored"
+PINNED: Final = "pinned"
+UNPINNED: Final = "unpinned"
+REDACTED: Final = "redacted"
+
+EVENT_TYPES: Final = frozenset(
+    {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED}
+)
+#: Events that change the message history (a log holding any of them "has history").
+HISTORY_EVENTS: Final = frozenset({MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED})
+
+ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
+_ROLE_SET: Final = frozenset(ROLES)
+
+
+def validate_message(message: Any, where: str = "message") -> bytes:
+    """Check a message and return its JSON bytes; ValueError says what is wrong and what is allowed."""
+    if not isinstance(message, dict):
+        raise ValueError(f"{where} must be a dict with a 'role', got {type(message).__name__}")
+    role = message.get("role")
+    if role not in _ROLE_SET:
+        if "role" not in message:
+            raise ValueError(f"{where} has no 'role' key; allowed roles: {', '.join(ROLES)}")
+        raise ValueError(f"{where} has unknown role {role!r}; allowed roles: {', '.join(ROLES)}")
+    try:
+        return dumps(message)
+    except ValueError as e:
+        raise ValueError(f"{where} is {e}") from None
+
+
+def validate_messages(messages: Any) -> list[bytes]:
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of message dicts, got {type(messages).__name__}")
+    return [validate_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+
+
+def digest(payload: bytes) -> str:
+    return "sha256:" + hashlib.sha256(payload).hexdigest()

@@ -1,0 +1,300 @@
+"""The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
+
+Blocking system calls live in plain methods. Appending with ``fsync="always"`` runs the write and the
+``fdatasync`` directly on the caller's thread: a thread hop costs more than the sync itself on fast disks
+(see docs/performance.md), and agent turns are seconds apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import codec
+from .errors import ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError
+from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs
+
+FSYNC_MODES = ("always", "batch", "never")
+
+
+@dataclass
+class TornTail:
+    """What open found after the last valid record and cut off (writer) or ignored (reader)."""
+
+    offset: int
+    length: int
+    line: int
+    reason: str
+    saved_to: str | None = None
+
+
+def _read_lock_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+class FileLock:
+    """An advisory ``flock`` on ``<session>/lock``; the holder's pid is written into the file.
+
+    ``flock`` locks belong to an open file description, so two stores in one process conflict just like
+    two processes; the kernel drops the lock when its holder dies, so a stale lock is simply free.
+    """
+
+    def __init__(self, path: Path, session_id: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self.fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise SessionLockedError(session_id, _read_lock_pid(path), f"({path})") from None
+            raise
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError:
+                pass
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+
+def scan(path: Path, start_offset: int = 0, start_line: int = 1, limit: int | None = None
+         ) -> Iterator[tuple[dict[str, Any], int]]:
+    """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
+
+    Raises LogCorruptedError for a bad record that is followed by more data. A bad or unterminated
+    *last* line is not yielded; the caller learns about it from :func:`tail_state`.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size if limit is None else limit
+        f.seek(start_offset)
+        offset = start_offset
+        lineno = start_line
+        decode = codec.decode
+        for line in f:
+            end = offset + len(line)
+            if end > size:
+                break
+            if line[-1:] != b"\n":
+                break  # unterminated last line: torn tail
+            try:
+                rec = decode(line)
+            except codec.RecordError as e:
+                if end >= size:
+                    break  # bad last record: torn tail
+                raise LogCorruptedError(str(path), lineno, offset, str(e))
+            yield rec, end
+            offset = end
+            lineno += 1
+
+
+class FileEventLog:
+    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl``.
+
+    The constructor takes the writer lock (unless ``readonly``) and creates the file with mode 0600,
+    fsyncing it into its folder. Not thread-safe; one owner per instance.
+    """
+
+    def __init__(self, directory: Path, session_id: str, *, readonly: bool = False, fsync: str = "always",
+                 create: bool = True) -> None:
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {fsync!r}")
+        self.directory = directory
+        self.session_id = session_id
+        self.path = directory / LOG_NAME
+        self.readonly = readonly
+        self.fsync_mode = fsync
+        self.existed = self.path.exists()
+        self.last_seq = 0
+        self.torn: TornTail | None = None
+        self._lock: FileLock | None = None
+        self._fd = -1
+        self.size = 0
+        self._lines = 0
+        if readonly:
+            if not self.existed:
+                raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
+            self.size = os.stat(self.path).st_size  # a consistent prefix: what was there at open
+            return
+        if not self.existed and not create:
+            raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
+        make_private_dirs(directory)
+        self._lock = FileLock(directory / LOCK_NAME, session_id)
+        try:
+            self.existed = self.path.exists()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            if not self.existed:
+                os.fsync(self._fd)
+                fsync_dir(directory)
+            self.size = os.fstat(self._fd).st_size
+        except BaseException:
+            self._release()
+            raise
+
+    @property
+    def position(self) -> int:
+        return self.size if self.torn is None else self.torn.offset
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _checked_position(self, after_seq: int, position: int | None) -> int:
+        """``position`` if the record ending there has seq ``after_seq``; else 0 (read from the start)."""
+        if not position or after_seq <= 0:
+            return 0
+        if position > self.size:
+            return 0
+        with open(self.path, "rb") as f:
+            back = min(position, 1 << 20)
+            f.seek(position - back)
+            chunk = f.read(back)
+        if not chunk.endswith(b"\n"):
+            return 0
+        start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+        if start == 0 and back < position:
+            return 0  # the record is longer than we looked back: do not guess
+        try:
+            rec = codec.decode(chunk[start:])
+        except (codec.RecordError, ValueError):
+            return 0
+        return position if rec["seq"] == after_seq else 0
+
+    async def read_batches(self, after_seq: int = 0, position: int | None = None,
+                           batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
+        start = self._checked_position(after_seq, position)
+        if start == 0:
+            after_seq = 0
+        out: list[dict[str, Any]] = []
+        end = start
+        n = 0
+        last = after_seq
+        for rec, end in scan(self.path, start, 1, self.size):
+            n += 1
+            seq = rec["seq"]
+            if seq <= last:
+                raise LogCorruptedError(str(self.path), n, end, f"seq {seq} does not follow seq {last}")
+            last = seq
+            out.append(rec)
+            if len(out) >= batch:
+                yield out
+                out = []
+        if out:
+            yield out
+        self.last_seq = max(self.last_seq, last)
+        self.torn = None
+        if self.size > end:
+            self.torn = TornTail(offset=end, length=self.size - end, line=n + 1,
+                                 reason=self._tail_reason(end, self.size))
+
+    def _tail_reason(self, start: int, end: int) -> str:
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        if not data.endswith(b"\n"):
+            return f"unterminated last record ({len(data)} bytes, no newline): a write cut short by a crash"
+        try:
+            codec.decode(data)
+        except codec.RecordError as e:
+            return f"last record fails verification: {e}"
+        return "trailing bytes after the last record"
+
+    def cut_torn_tail(self) -> TornTail | None:
+        """Move the torn bytes to a side file, truncate the log to the valid prefix, fsync both."""
+        torn = self.torn
+        if torn is None or self.readonly:
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(torn.offset)
+            data = f.read(torn.length)
+        side = self.directory / f"{LOG_NAME}.torn-{torn.offset}-{os.getpid()}-{os.urandom(3).hex()}"
+        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.ftruncate(self._fd, torn.offset)
+        os.fsync(self._fd)
+        fsync_dir(self.directory)
+        self.size = torn.offset
+        torn.saved_to = str(side)
+        self.torn = None
+        return torn
+
+    # -- writing ------------------------------------------------------------------------------------
+    async def append(self, lines: Sequence[bytes], first_seq: int) -> None:
+        if self.readonly or self._fd < 0:
+            raise LogWriteError(str(self.path), "append to", OSError(errno.EBADF, "log is not open for writing"))
+        if first_seq != self.last_seq + 1:
+            raise ConcurrencyError(
+                f"{self.path}: expected to append seq {self.last_seq + 1}, got {first_seq}"
+            )
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
+        start = self.size
+        self._write(data)
+        if self.fsync_mode == "always":
+            self._sync(start)
+        elif self.fsync_mode == "batch":
+            await asyncio.to_thread(self._sync, start)
+        self.last_seq = first_seq + len(lines) - 1
+
+    def _write(self, data: bytes) -> None:
+        start = self.size
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as e:
+            self._rollback(start)
+            raise LogWriteError(str(self.path), "append to", e) from e
+        self.size = start + len(data)
+
+    def _sync(self, rollback_to: int) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as e:
+            self._rollback(rollback_to)
+            raise LogWriteError(str(self.path), "fsync", e) from e
+
+    def _rollback(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+        self.size = size
+
+    # -- following ----------------------------------------------------------------------------------
+    async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+        from .follow import follow_file
+
+        async for rec in follow_file(self.path, after_seq):
+            yield rec
+
+    # -- closing ------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._fd >= 0:
+            try:
+                if self.fsync_mode != "always":
+                    os.fdatasync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

@@ -1,0 +1,38 @@
+"""Shared fixtures. Tests never write outside a temporary directory: HOME and the storage default are
+pointed into tmp for every test, so nothing can land in the real home directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(home / "context-store"))
+    return home
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    return path
+
+
+@pytest.fixture
+def subprocess_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for child processes: this checkout importable, HOME in tmp."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["HOME"] = str(tmp_path / "child-home")
+    return env
+
+
+PYTHON = sys.executable
