@@ -36,3 +36,13 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+_SKIP_GUARDED = ("test_amplifier_contract.py",)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Amplifier's inherited suites must run here: a skip of one of them is turned into a failure."""
+    if report.skipped and any(name in report.nodeid for name in _SKIP_GUARDED):
+        report.outcome = "failed"
+        report.longrepr = f"{report.nodeid} was skipped; Amplifier's suites must run against this package"

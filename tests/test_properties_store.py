@@ -1,0 +1,62 @@
+"""Property: for any sequence of add/set/clear/pin commands, reopening yields the in-memory fold."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from context_persistent import PersistentContextManager
+
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])
+text = st.text(max_size=20)
+content = st.none() | text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)
+message = st.builds(lambda r, c, extra: {"role": r, "content": c, **extra}, roles, content,
+                    st.dictionaries(st.sampled_from(["name", "metadata"]), text, max_size=1))
+command = st.one_of(
+    st.tuples(st.just("add"), message),
+    st.tuples(st.just("set"), st.lists(message, max_size=4)),
+    st.tuples(st.just("clear"), st.none()),
+    st.tuples(st.just("pin"), st.integers(0, 10)),
+    st.tuples(st.just("reopen"), st.none()),
+)
+
+
+async def _run(commands: list, fsync: str) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        model: list = []
+        loaded = False
+        s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync)
+        try:
+            for kind, arg in commands:
+                if kind == "add":
+                    await s.add_message(arg)
+                    model.append(arg)
+                elif kind == "set":
+                    await s.set_messages(arg)
+                    if not loaded:
+                        model = list(arg)
+                elif kind == "clear":
+                    await s.clear()
+                    model = []
+                elif kind == "pin" and arg < len(model):
+                    await s.pin(arg)
+                elif kind == "reopen":
+                    await s.close()
+                    s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync)
+                    loaded = s.loaded_from_file
+                assert await s.get_messages() == model
+            await s.close()
+            s = await PersistentContextManager.open(storage_path=d, session_id="p", readonly=True)
+            assert await s.get_messages() == model
+        finally:
+            await s.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=st.lists(command, max_size=12), fsync=st.sampled_from(["always", "batch", "never"]))
+def test_reopen_equals_fold(commands: list, fsync: str) -> None:
+    """Reopening the log at any point yields exactly the history the commands describe."""
+    asyncio.run(_run(commands, fsync))
