@@ -15,9 +15,11 @@ TRANSCRIPT_IGNORED: Final = "transcript_ignored"
 PINNED: Final = "pinned"
 UNPINNED: Final = "unpinned"
 REDACTED: Final = "redacted"
+REPLAY_RECOGNISED: Final = "replay_recognised"
 
 EVENT_TYPES: Final = frozenset(
-    {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED}
+    {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
+     REPLAY_RECOGNISED}
 )
 #: Events that change the message history (a log holding any of them "has history").
 HISTORY_EVENTS: Final = frozenset({MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED})

@@ -18,6 +18,7 @@ from .errors import ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
+from .replay import COMPLETE, HELD, ReplayRecogniser
 from .projection import MAX_BATCH, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, TokenCounter
 from .views import conversation_view, reasoning_view
@@ -35,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "max_tokens": 200_000,
     "safety_margin": 1000,
     "checkpoint_every": 10_000,
+    "recognise_replay": True,
 }
 
 
@@ -89,6 +91,7 @@ class PersistentContextManager:
         self._pending: list[tuple[str, Any, bytes, asyncio.Future[dict[str, Any]]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
+        self._replay: ReplayRecogniser | None = None
         self._compactor: Any = None  # set by _setup_compaction (compaction issue)
 
     # -- opening ------------------------------------------------------------------------------------
@@ -126,6 +129,8 @@ class PersistentContextManager:
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
+        if not isinstance(cfg["recognise_replay"], bool):
+            raise ValueError(f"recognise_replay must be true or false, got {cfg['recognise_replay']!r}")
         return cfg
 
     async def _load(self) -> None:
@@ -141,6 +146,10 @@ class PersistentContextManager:
         log = self._log
         state = self._state
         self._loaded_from_file = state.has_history
+        if state.has_history and not self._readonly and self.config["recognise_replay"]:
+            self._replay = ReplayRecogniser(state.messages)
+            if not self._replay.active:
+                self._replay = None
         torn = getattr(log, "torn", None)
         if torn is not None:
             if self._readonly:
@@ -249,15 +258,43 @@ class PersistentContextManager:
         """Hook for periodic work after appends (checkpoints)."""
 
     async def add_message(self, message: dict[str, Any]) -> None:
-        """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid."""
+        """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid.
+
+        Right after a resume, messages that replay the loaded history are recognised and not stored twice
+        (see replay.py and docs/resume.md).
+        """
         self._check_writable()
         msg_json = ev.validate_message(message)
-        await self._commit(ev.MESSAGE_ADDED, {"message": orjson.loads(msg_json)}, b'{"message":%s}' % msg_json)
+        stored = orjson.loads(msg_json)
+        replay = self._replay
+        if replay is not None:
+            verdict = replay.offer(stored, msg_json)
+            if verdict == HELD:
+                return
+            self._replay = None
+            if verdict == COMPLETE:
+                payload = b"[" + b",".join(j for _, j in replay.held) + b"]"
+                await self._commit(ev.REPLAY_RECOGNISED, {"count": len(replay.held), "digest": ev.digest(payload)})
+                logger.info("session %s: %d add_message calls replayed the loaded history; not stored twice",
+                            self.session_id, len(replay.held))
+                return
+            await self._write_held(replay)
+        await self._commit(ev.MESSAGE_ADDED, {"message": stored}, b'{"message":%s}' % msg_json)
+
+    async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
+        """Write messages held by the replay recogniser: they turned out not to be a replay."""
+        replay = replay or self._replay
+        self._replay = None
+        if replay is not None:
+            for held, held_json in replay.held:
+                await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history, unless this store loaded its own log (the resume rule; see docs/resume.md)."""
         self._check_writable()
         parts = ev.validate_messages(messages)
+        if self._replay is not None and self._replay.held:
+            await self._write_held()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
@@ -274,9 +311,12 @@ class PersistentContextManager:
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart)."""
+        await self._write_held()
         await self._commit(ev.CLEARED, {})
 
     def _resolve_key(self, message_index: int | None, seq: int | None) -> int:
+        if self._replay is not None and self._replay.held:
+            raise ValueError("a replay of the loaded history is in progress; pin/unpin/redact after it ends")
         if (message_index is None) == (seq is None):
             raise ValueError("give exactly one of message_index (position in get_messages()) or seq")
         state = self._state
@@ -399,6 +439,8 @@ class PersistentContextManager:
         """Flush and release the session (idempotent)."""
         if self._closed:
             return
+        if self._replay is not None and self._replay.held and not self._closed:
+            await self._write_held()  # a partial replay is kept: duplicates are better than loss
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True

@@ -15,6 +15,8 @@ text = st.text(max_size=20)
 content = st.none() | text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)
 message = st.builds(lambda r, c, extra: {"role": r, "content": c, **extra}, roles, content,
                     st.dictionaries(st.sampled_from(["name", "metadata"]), text, max_size=1))
+#: Replay recognition (tests/test_replay.py) is off here: the model is "every add is stored".
+OPTS = {"recognise_replay": False}
 command = st.one_of(
     st.tuples(st.just("add"), message),
     st.tuples(st.just("set"), st.lists(message, max_size=4)),
@@ -28,7 +30,7 @@ async def _run(commands: list, fsync: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         model: list = []
         loaded = False
-        s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync)
+        s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync, **OPTS)
         try:
             for kind, arg in commands:
                 if kind == "add":
@@ -45,7 +47,7 @@ async def _run(commands: list, fsync: str) -> None:
                     await s.pin(arg)
                 elif kind == "reopen":
                     await s.close()
-                    s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync)
+                    s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync, **OPTS)
                     loaded = s.loaded_from_file
                 assert await s.get_messages() == model
             await s.close()
