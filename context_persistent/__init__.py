@@ -8,8 +8,10 @@ from __future__ import annotations
 from .errors import (
     ConcurrencyError,
     ContextPersistentError,
+    LogChangedError,
     LogCorruptedError,
     LogWriteError,
+    MalformedInputError,
     ReadOnlyError,
     SessionExistsError,
     SessionLockedError,
@@ -19,14 +21,17 @@ from .errors import (
 )
 from .manager import PersistentContextManager
 from .mount import mount
+from .snapshot import import_
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConcurrencyError",
     "ContextPersistentError",
+    "LogChangedError",
     "LogCorruptedError",
     "LogWriteError",
+    "MalformedInputError",
     "PersistentContextManager",
     "ReadOnlyError",
     "SessionExistsError",
@@ -35,5 +40,6 @@ __all__ = [
     "StoreClosedError",
     "UnsupportedFormatError",
     "__version__",
+    "import_",
     "mount",
 ]

@@ -62,10 +62,55 @@ class UnsupportedFormatError(ContextPersistentError):
 class LogWriteError(ContextPersistentError):
     """Writing or syncing the log failed (disk full, permission, I/O error); nothing was recorded."""
 
-    def __init__(self, path: str, op: str, cause: OSError) -> None:
+    def __init__(self, path: str, op: str, cause: OSError,
+                 consequence: str = "the record was not stored and the log is unchanged") -> None:
         self.path = path
         self.errno = cause.errno
-        super().__init__(
-            f"could not {op} {path}: {cause.strerror or cause} (errno {cause.errno}); "
-            "the record was not stored and the log is unchanged"
+        super().__init__(f"could not {op} {path}: {cause.strerror or cause} (errno {cause.errno}); {consequence}")
+
+
+class RecordCorruptedError(LogCorruptedError):
+    """A record stored in a database fails its checksum, cannot be parsed, or breaks the seq order."""
+
+    def __init__(self, where: str, seq: int, reason: str) -> None:
+        self.path = where
+        self.line = seq
+        self.offset = -1
+        self.seq = seq
+        self.reason = reason
+        ContextPersistentError.__init__(
+            self,
+            f"{where}: the record stored as seq {seq} is corrupt: {reason}; nothing was loaded "
+            "(a corrupt record is never skipped: restore it from a backup, or export the session up to "
+            "the seq before it)",
         )
+
+
+class DatabaseError(ContextPersistentError):
+    """The database backend failed: the server is unreachable, the connection was lost, or asyncpg is missing.
+
+    ``stored`` says whether the write in progress landed: ``False`` (it did not), ``True``, or ``None``
+    (it could not be determined: reopen the session to see).
+    """
+
+    def __init__(self, message: str, stored: bool | None = False) -> None:
+        self.stored = stored
+        super().__init__(message)
+
+
+class MalformedInputError(ContextPersistentError, ValueError):
+    """A file given to import (snapshot, transcript, context-messages) is malformed; names the file and line.
+
+    Also a ValueError (bad input). Raised before anything is written: no session is created.
+    """
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.reason = reason
+        where = f"{path}: line {line}" if line else path
+        super().__init__(f"{where}: {reason}; nothing was imported")
+
+
+class LogChangedError(ContextPersistentError):
+    """A follower found that records it had already reported were removed or rewritten (not by appending)."""

@@ -34,6 +34,12 @@ class TornTail:
     saved_to: str | None = None
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _read_lock_pid(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
@@ -59,8 +65,9 @@ class FileLock:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise SessionLockedError(session_id, _read_lock_pid(path), f"({path})") from None
             raise
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        pid = str(os.getpid()).encode()
+        os.pwrite(self.fd, pid, 0)  # write, then trim: a reader never sees an empty file while we hold it
+        os.ftruncate(self.fd, len(pid))
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -72,12 +79,45 @@ class FileLock:
             self.fd = -1
 
 
-def scan(path: Path, start_offset: int = 0, start_line: int = 1, limit: int | None = None
+def line_at(path: Path, offset: int) -> int:
+    """The 1-based line number of the byte at ``offset`` (counts newlines; used only to report errors)."""
+    count = 0
+    with open(path, "rb") as f:
+        left = offset
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count + 1
+
+
+def _valid_record_ahead(lines: Iterator[bytes], bad_line: bytes, end: int, size: int) -> bool:
+    """True if a valid record is merged into ``bad_line`` or follows it (within ``size``).
+
+    A crash only ever leaves an incomplete write at the end, never a complete record after garbage; so bad
+    bytes with nothing valid after them are a torn tail, and bad bytes before a valid record are corruption.
+    """
+    if any(rec is not None for _, _, rec, _ in codec.split_records(bad_line[:-1])):
+        return True
+    for line in lines:
+        end += len(line)
+        if end > size or line[-1:] != b"\n":
+            return False
+        if any(rec is not None for _, _, rec, _ in codec.split_records(line[:-1])):
+            return True
+    return False
+
+
+def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None
          ) -> Iterator[tuple[dict[str, Any], int]]:
     """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
 
-    Raises LogCorruptedError for a bad record that is followed by more data. A bad or unterminated
-    *last* line is not yielded; the caller learns about it from :func:`tail_state`.
+    Raises LogCorruptedError (naming file, line and byte offset) for a bad record that a valid record
+    follows. Bad or unterminated lines with no valid record after them (a torn tail) end the scan without
+    an error; the caller compares the last end offset with the size. ``start_line`` None: unknown (it is
+    computed if an error needs it).
     """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size if limit is None else limit
@@ -94,12 +134,13 @@ def scan(path: Path, start_offset: int = 0, start_line: int = 1, limit: int | No
             try:
                 rec = decode(line)
             except codec.RecordError as e:
-                if end >= size:
-                    break  # bad last record: torn tail
-                raise LogCorruptedError(str(path), lineno, offset, str(e))
+                if _valid_record_ahead(f, line, end, size):
+                    raise LogCorruptedError(str(path), lineno or line_at(path, offset), offset, str(e)) from None
+                break  # nothing valid after it: torn tail
             yield rec, end
             offset = end
-            lineno += 1
+            if lineno:
+                lineno += 1
 
 
 class FileEventLog:
@@ -125,6 +166,8 @@ class FileEventLog:
         self._fd = -1
         self.size = 0
         self._lines = 0
+        #: Set when a failed write could not be rolled back: appends are refused until the log is reopened.
+        self._broken: OSError | None = None
         if readonly:
             if not self.existed:
                 raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
@@ -132,8 +175,11 @@ class FileEventLog:
             return
         if not self.existed and not create:
             raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
-        make_private_dirs(directory)
-        self._lock = FileLock(directory / LOCK_NAME, session_id)
+        try:
+            make_private_dirs(directory)
+            self._lock = FileLock(directory / LOCK_NAME, session_id)
+        except OSError as e:
+            raise LogWriteError(str(directory), "open the session folder", e, "nothing was written") from e
         try:
             self.existed = self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -141,8 +187,10 @@ class FileEventLog:
                 os.fsync(self._fd)
                 fsync_dir(directory)
             self.size = os.fstat(self._fd).st_size
-        except BaseException:
+        except BaseException as e:
             self._release()
+            if isinstance(e, OSError):
+                raise LogWriteError(str(self.path), "open for writing", e, "nothing was written") from e
             raise
 
     @property
@@ -150,42 +198,55 @@ class FileEventLog:
         return self.size if self.torn is None else self.torn.offset
 
     # -- reading ------------------------------------------------------------------------------------
+    def record_before(self, position: int) -> dict[str, Any] | None:
+        """The valid record that ends exactly at byte ``position``, else None (checkpoint anchor check)."""
+        if position <= 0 or position > self.size:
+            return None
+        back = 0
+        with open(self.path, "rb") as f:
+            while True:  # look back 4 KiB, then 64 KiB, then 1 MiB for the newline before the record
+                back = min(position, max(back * 16, 4096), 1 << 20)
+                f.seek(position - back)
+                chunk = f.read(back)
+                start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+                if start > 0 or back == position or back == 1 << 20:
+                    break
+        if not chunk.endswith(b"\n"):
+            return None
+        if start == 0 and back < position:
+            return None  # the record is longer than we looked back: do not guess
+        try:
+            return codec.decode(chunk[start:])
+        except (codec.RecordError, ValueError):
+            return None
+
     def _checked_position(self, after_seq: int, position: int | None) -> int:
         """``position`` if the record ending there has seq ``after_seq``; else 0 (read from the start)."""
         if not position or after_seq <= 0:
             return 0
-        if position > self.size:
-            return 0
-        with open(self.path, "rb") as f:
-            back = min(position, 1 << 20)
-            f.seek(position - back)
-            chunk = f.read(back)
-        if not chunk.endswith(b"\n"):
-            return 0
-        start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
-        if start == 0 and back < position:
-            return 0  # the record is longer than we looked back: do not guess
-        try:
-            rec = codec.decode(chunk[start:])
-        except (codec.RecordError, ValueError):
-            return 0
-        return position if rec["seq"] == after_seq else 0
+        rec = self.record_before(position)
+        return position if rec is not None and rec["seq"] == after_seq else 0
 
     async def read_batches(self, after_seq: int = 0, position: int | None = None,
                            batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
         start = self._checked_position(after_seq, position)
+        floor = after_seq  # without a usable position we read from the start, yet still return seq > after_seq
         if start == 0:
             after_seq = 0
         out: list[dict[str, Any]] = []
         end = start
         n = 0
         last = after_seq
-        for rec, end in scan(self.path, start, 1, self.size):
+        for rec, rec_end in scan(self.path, start, 1 if start == 0 else None, self.size):
             n += 1
             seq = rec["seq"]
             if seq <= last:
-                raise LogCorruptedError(str(self.path), n, end, f"seq {seq} does not follow seq {last}")
+                raise LogCorruptedError(str(self.path), line_at(self.path, end), end,
+                                        f"seq {seq} does not follow seq {last}")
             last = seq
+            end = rec_end
+            if seq <= floor:
+                continue
             out.append(rec)
             if len(out) >= batch:
                 yield out
@@ -195,20 +256,25 @@ class FileEventLog:
         self.last_seq = max(self.last_seq, last)
         self.torn = None
         if self.size > end:
-            self.torn = TornTail(offset=end, length=self.size - end, line=n + 1,
+            self.torn = TornTail(offset=end, length=self.size - end,
+                                 line=n + 1 if start == 0 else line_at(self.path, end),
                                  reason=self._tail_reason(end, self.size))
 
     def _tail_reason(self, start: int, end: int) -> str:
         with open(self.path, "rb") as f:
             f.seek(start)
             data = f.read(end - start)
-        if not data.endswith(b"\n"):
+        nl = data.find(b"\n")
+        if nl < 0:
             return f"unterminated last record ({len(data)} bytes, no newline): a write cut short by a crash"
         try:
-            codec.decode(data)
+            codec.decode(data[: nl + 1])
+            reason = "trailing bytes after the last record"
         except codec.RecordError as e:
-            return f"last record fails verification: {e}"
-        return "trailing bytes after the last record"
+            reason = f"last record fails verification: {e}"
+        if nl + 1 < len(data):
+            reason += f"; the {len(data) - nl - 1} bytes after it hold no valid record either"
+        return reason
 
     def cut_torn_tail(self) -> TornTail | None:
         """Move the torn bytes to a side file, truncate the log to the valid prefix, fsync both."""
@@ -219,15 +285,24 @@ class FileEventLog:
             f.seek(torn.offset)
             data = f.read(torn.length)
         side = self.directory / f"{LOG_NAME}.torn-{torn.offset}-{os.getpid()}-{os.urandom(3).hex()}"
-        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.ftruncate(self._fd, torn.offset)
-        os.fsync(self._fd)
-        fsync_dir(self.directory)
+            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.directory)  # the side file is durable before the log loses the bytes
+        except OSError as e:
+            side.unlink(missing_ok=True)
+            raise LogWriteError(str(side), "save the torn tail of the log to", e,
+                                "the log was not changed (free space or fix permissions, then open again)") from e
+        try:
+            os.ftruncate(self._fd, torn.offset)
+            os.fsync(self._fd)
+        except OSError as e:
+            raise LogWriteError(str(self.path), "cut the torn tail of", e,
+                                f"its bytes are saved in {side}; open the session again to retry") from e
         self.size = torn.offset
         torn.saved_to = str(side)
         self.torn = None
@@ -241,6 +316,10 @@ class FileEventLog:
             raise ConcurrencyError(
                 f"{self.path}: expected to append seq {self.last_seq + 1}, got {first_seq}"
             )
+        if self._broken is not None:
+            raise LogWriteError(str(self.path), "append to", self._broken,
+                                "an earlier failed write could not be rolled back, so this store refuses to "
+                                "append; close it and open the session again (open recovers the log)")
         data = lines[0] if len(lines) == 1 else b"".join(lines)
         start = self.size
         self._write(data)
@@ -253,28 +332,31 @@ class FileEventLog:
     def _write(self, data: bytes) -> None:
         start = self.size
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+            _write_all(self._fd, data)
         except OSError as e:
-            self._rollback(start)
-            raise LogWriteError(str(self.path), "append to", e) from e
+            raise self._failed(start, "append to", e) from e
         self.size = start + len(data)
 
     def _sync(self, rollback_to: int) -> None:
         try:
             os.fdatasync(self._fd)
         except OSError as e:
-            self._rollback(rollback_to)
-            raise LogWriteError(str(self.path), "fsync", e) from e
+            raise self._failed(rollback_to, "fsync", e) from e
 
-    def _rollback(self, size: int) -> None:
+    def _failed(self, size: int, op: str, cause: OSError) -> LogWriteError:
+        """Roll the file back to ``size`` (the last acknowledged record) and describe the failure."""
         try:
             os.ftruncate(self._fd, size)
+            restored = os.fstat(self._fd).st_size == size
         except OSError:
-            pass
+            restored = False
         self.size = size
+        if restored:
+            return LogWriteError(str(self.path), op, cause)
+        self._broken = cause
+        return LogWriteError(str(self.path), op, cause,
+                             "the record was not acknowledged, and the log could not be rolled back, so this "
+                             "store refuses further appends; open the session again to recover the log")
 
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
@@ -288,13 +370,19 @@ class FileEventLog:
         self._release()
 
     def _release(self) -> None:
+        error: OSError | None = None
         if self._fd >= 0:
             try:
-                if self.fsync_mode != "always":
+                if self.fsync_mode != "always" and self._broken is None:
                     os.fdatasync(self._fd)
+            except OSError as e:
+                error = e
             finally:
                 os.close(self._fd)
                 self._fd = -1
         if self._lock is not None:
-            self._lock.release()
+            self._lock.release()  # always: a failed flush must not leave the session locked
             self._lock = None
+        if error is not None:
+            raise LogWriteError(str(self.path), "flush", error,
+                                f"records appended with fsync={self.fsync_mode!r} may not all be durable")

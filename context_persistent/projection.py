@@ -30,7 +30,7 @@ class Projection:
     """Full history plus pins, as of ``head_seq``. Mutated only by :meth:`apply`."""
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
-                 "counts")
+                 "counts", "counted_version")
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -47,6 +47,8 @@ class Projection:
         self.version = 0
         #: Events seen, by type (for stats).
         self.counts: dict[str, int] = {}
+        #: The ``version`` at which every entry of ``tokens`` was last known to be counted (-1: never).
+        self.counted_version = -1
 
     def apply(self, rec: dict[str, Any]) -> None:
         seq = rec["seq"]

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from ..errors import ContextPersistentError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("demo",)
+COMMAND_MODULES = ("inspect", "transfer", "durability", "demo", "db")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 EPILOG = """examples:
+  context-persistent ls                        sessions with message counts, size and last activity
+  context-persistent show my-session --view conversation
+  context-persistent tail my-session -f        watch a running agent from another terminal
+  context-persistent export my-session backup.jsonl
+  context-persistent import transcript.jsonl migrated-session
+  context-persistent fork my-session try-2 --at 40
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
   context-persistent --help                    this help; every command has its own --help with examples
 
@@ -36,6 +43,9 @@ def common_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--storage", metavar="PATH", default=None,
                    help="storage folder (default: $CONTEXT_PERSISTENT_DIR or ./.amplifier/context)")
+    p.add_argument("--dsn", metavar="URL", default=None,
+                   help="use the PostgreSQL backend at this postgresql:// URL instead of --storage "
+                        "(docs/postgres.md; $CONTEXT_PERSISTENT_DSN is the default for `db` commands)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
@@ -45,6 +55,15 @@ def storage_of(args: argparse.Namespace) -> str:
     from ..mount import storage_from
 
     return str(storage_from({"storage_path": args.storage}))
+
+
+def backend_of(args: argparse.Namespace) -> dict[str, str]:
+    """Config selecting the backend: ``{"backend": "postgres", "dsn": ...}`` with ``--dsn``, else ``{}``.
+
+    Pass it to ``PersistentContextManager.open(storage_path=storage_of(args), **backend_of(args))``.
+    """
+    dsn = getattr(args, "dsn", None)
+    return {"backend": "postgres", "dsn": dsn} if dsn else {}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; stop quietly like other Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except ContextPersistentError as e:  # first: MalformedInputError is also a ValueError, but a problem (1)
+        if args.debug:
+            raise
+        print(f"context-persistent {args.command}: {e}", file=sys.stderr)
+        return EXIT_PROBLEM
     except (UsageError, ValueError) as e:
         if args.debug:
             raise

@@ -83,6 +83,10 @@ async def _resume(storage: str, acked: int) -> None:
         saved = await store.compact(token_budget=budget)
         print(f"\nrequest view at a {budget}-token budget: {len(request)} of {len(await store.get_messages())} "
               f"messages, {total - saved} of {total} tokens (compaction is a view; the log keeps everything)")
+        last = store.stats()["last_compaction"]
+        if last:
+            print(f"compaction ({last['strategy_used']}): {last['outputs_masked']} tool output(s) masked, "
+                  f"{last['groups_dropped']} group(s) dropped, {last['truncated']} message(s) truncated")
         export = getattr(store, "export", None)
         if callable(export):
             out = Path(storage) / f"{SESSION}-snapshot.md"

@@ -1,0 +1,130 @@
+"""``verify`` and ``repair``: check a session's log byte by byte, and rebuild it without its bad bytes.
+
+verify never takes the lock (it works while an agent writes, on the log as it was when it started) and
+exits 0 when everything is clean, 1 with a report otherwise. repair takes the writer lock (it refuses while
+a store has the session open), keeps every valid record, moves every bad byte to a quarantine file in the
+session folder and rebuilds the log atomically. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from ..paths import session_dir
+from ..repair import Report, RepairResult, repair, verify
+from . import EXIT_OK, EXIT_PROBLEM, UsageError, storage_of
+
+
+def _directory(args: argparse.Namespace) -> Any:
+    if getattr(args, "dsn", None):
+        raise UsageError(f"{args.command} works on file sessions; the PostgreSQL backend verifies every "
+                         "record as it reads it")
+    return session_dir(storage_of(args), args.session)
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def format_report(r: Report) -> str:
+    lines = [f"session {r.session_id}: {r.path}",
+             f"  {r.records} records, seq {r.first_seq}..{r.last_seq}, {r.size} bytes"]
+    if r.writer_pid:
+        lines.append(f"  note: a writer (pid {r.writer_pid}) has the session open; an incomplete last record "
+                     "may be a write in progress")
+    for p in r.problems:
+        lines.append(f"  PROBLEM {p.describe()}")
+    for g in r.gaps:
+        span = f"seq {g.after_seq} -> {g.next_seq} ({g.next_seq - g.after_seq - 1} missing)"
+        if g.explained:
+            lines.append(f"  note: gap {span}, left by an earlier repair (recorded in the log)")
+        else:
+            lines.append(f"  PROBLEM gap {span}: records are missing and no repair recorded it")
+    cp = r.checkpoint
+    if cp["status"] == "missing":
+        lines.append("  checkpoint: none (open replays the whole log)")
+    elif cp["status"] == "valid":
+        lines.append(f"  checkpoint: valid at seq {cp['seq']} ({cp['behind']} events behind the head)")
+    else:
+        lines.append(f"  PROBLEM checkpoint ignored by open: {cp['reason']} (harmless: open replays the log; "
+                     "repair removes it)")
+    for name in r.side_files:
+        lines.append(f"  side file: {name}")
+    if r.ok:
+        lines.append("verdict: clean")
+    else:
+        lines.append(f"verdict: problems found; `context-persistent repair {r.session_id}` keeps every valid "
+                     "record and quarantines the rest")
+    return "\n".join(lines)
+
+
+def format_repair(r: RepairResult) -> str:
+    if not r.changed:
+        lines = [f"session {r.session_id}: the log needs no repair ({r.kept} valid records)"]
+        if r.checkpoint_removed:
+            lines.append("  removed a checkpoint open would ignore (a cache; the next close writes a new one)")
+    else:
+        lines = [f"repaired session {r.session_id}: {r.path}",
+                 f"  kept {r.kept} valid records byte for byte"]
+        for p in r.quarantined:
+            lines.append(f"  quarantined {p.describe()}")
+        if r.quarantine_file:
+            lines.append(f"  quarantined bytes saved in {r.quarantine_file}")
+        for g in r.gaps:
+            lines.append(f"  seq gap {g.after_seq} -> {g.next_seq} left in place (seqs are never renumbered)")
+        if r.audit_seq:
+            lines.append(f"  recorded the repair as event seq {r.audit_seq} (log_repaired)")
+        if r.checkpoint_removed:
+            lines.append("  removed the checkpoint (a cache; the next open replays the log)")
+        lines.append(f"  rebuilt the log atomically: {r.old_size} -> {r.new_size} bytes")
+    for p in r.unfixable:
+        lines.append(f"  NOT FIXED {p.describe()} (its checksum is valid: repair never removes a valid record)")
+    return "\n".join(lines)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    report = verify(_directory(args), args.session)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(format_report(report))
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    result = repair(_directory(args), args.session)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(format_repair(result))
+    return EXIT_PROBLEM if result.unfixable else EXIT_OK
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "verify", parents=[common], formatter_class=fmt,
+        help="check every record of a session; exit 0 clean, 1 with a report",
+        description="Check every record of a session's log (checksums, seq order, torn tail, gaps) and its "
+                    "checkpoint. Never takes the lock: safe while an agent writes.",
+        epilog="examples:\n  context-persistent verify my-session\n  context-persistent verify my-session --json\n"
+               "exit codes: 0 clean, 1 problems found (report printed), 2 usage error\n",
+    )
+    p.add_argument("session", help="session id")
+    p.set_defaults(func=run_verify)
+    p = sub.add_parser(
+        "repair", parents=[common], formatter_class=fmt,
+        help="rebuild a session's log keeping every valid record, quarantining bad bytes",
+        description="Rebuild a session's log atomically: every valid record is kept byte for byte, every bad "
+                    "byte goes to events.jsonl.quarantine-* in the session folder, seq gaps are left and "
+                    "recorded. Takes the writer lock: refuses while a store has the session open.",
+        epilog="examples:\n  context-persistent repair my-session\n"
+               "  context-persistent verify my-session || context-persistent repair my-session\n"
+               "exit codes: 0 repaired or nothing to do, 1 refused (session locked) or not everything fixable\n",
+    )
+    p.add_argument("session", help="session id")
+    p.set_defaults(func=run_repair)

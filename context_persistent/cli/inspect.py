@@ -1,0 +1,427 @@
+"""Reading commands: ``ls``, ``show``, ``stats``, ``tail``. They open sessions read-only (no lock), so they
+work while an agent is writing; what they show is the log as it was when they opened it (``tail -f`` then
+follows what is appended)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from . import UsageError, backend_of, storage_of
+
+VIEWS = ("full", "conversation", "reasoning", "request")
+_ROLE_COLOURS = {"system": "35", "developer": "35", "user": "32", "assistant": "36", "tool": "33",
+                 "function": "33"}
+
+
+# -- output helpers (shared with transfer.py) -------------------------------------------------------
+def use_colour(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
+def paint(text: str, code: str, on: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if on else text
+
+
+def role_label(role: str, on: bool, width: int = 9) -> str:
+    return paint(f"{role:<{width}}", _ROLE_COLOURS.get(role, "0"), on)
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def short_time(ts: str | None) -> str:
+    return ts[:19].replace("T", " ") + "Z" if ts else "-"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.flush()
+
+
+def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
+    """A readable rendering of one message: text, then tool calls and results, one per line."""
+    parts: list[str] = []
+    content = m.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for b in content:
+            if not isinstance(b, dict):
+                parts.append(str(b))
+            elif b.get("type") == "text":
+                parts.append(str(b.get("text", "")))
+            elif b.get("type") == "tool_use":
+                parts.append(f"→ {b.get('name')}({orjson.dumps(b.get('input')).decode()})  [{b.get('id')}]")
+            elif b.get("type") == "tool_result":
+                inner = b.get("content")
+                if isinstance(inner, list):
+                    inner = " ".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in inner)
+                parts.append(f"← [{b.get('tool_use_id')}] {inner}")
+            elif b.get("type") in ("thinking", "redacted_thinking"):
+                parts.append(f"(thinking) {b.get('thinking', '')}")
+            else:
+                parts.append(f"[{b.get('type')}]")
+    for call in m.get("tool_calls") or ():
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        parts.append(f"→ {fn.get('name')}({fn.get('arguments')})  [{call.get('id')}]")
+    if m.get("tool_call_id"):
+        parts[0:0] = [f"← [{m['tool_call_id']}]"]
+    text = "\n".join(p for p in parts if p)
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters{hint})"
+    return text
+
+
+async def _open(args: argparse.Namespace, session: str) -> Any:
+    from ..manager import PersistentContextManager
+
+    return await PersistentContextManager.open(storage_path=storage_of(args), session_id=session, readonly=True,
+                                               **backend_of(args))
+
+
+# -- ls ---------------------------------------------------------------------------------------------
+def _last_ts(log_path: Path) -> str | None:
+    """The timestamp of the last complete record (read from the file's end; no full scan)."""
+    from .. import codec
+
+    try:
+        with open(log_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            back = min(size, 1 << 16)
+            f.seek(size - back)
+            chunk = f.read(back)
+    except OSError:
+        return None
+    for line in reversed(chunk.split(b"\n")[1:-1] if back < size else chunk.split(b"\n")):
+        try:
+            return str(codec.decode(line)["ts"])
+        except (ValueError, KeyError):
+            continue
+    return None
+
+
+async def _ls(args: argparse.Namespace) -> int:
+    from ..paths import LOG_NAME
+
+    rows: list[dict[str, Any]] = []
+    problem = False
+    if backend_of(args):
+        from .. import pg
+
+        ids = [(r["session_id"], None) for r in await pg.list_sessions(args.dsn)]
+    else:
+        root = Path(storage_of(args))
+        ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
+                     if not d.name.startswith(".") and (d / LOG_NAME).is_file()) if root.is_dir() else []
+    for sid, log_path in ids:
+        row: dict[str, Any] = {"session_id": sid}
+        try:
+            async with await _open(args, sid) as store:  # no token counting here: ls stays fast
+                row.update(messages=len(store._state.messages), events=store.head_seq,
+                           bytes=getattr(store._log, "size", None),
+                           last_activity=_last_ts(log_path) if log_path else None)
+        except Exception as e:  # one unreadable session must not hide the others
+            problem = True
+            row["error"] = str(e)
+        rows.append(row)
+    if args.json:
+        print_json({"storage": storage_of(args), "sessions": rows})
+    elif not rows:
+        print(f"no sessions in {storage_of(args)}")
+    else:
+        print(table(["SESSION", "MESSAGES", "EVENTS", "SIZE", "LAST ACTIVITY"],
+                    [[r["session_id"], r.get("messages", "-"), r.get("events", "-"), human_size(r.get("bytes")),
+                      short_time(r.get("last_activity")) if "error" not in r else "error: " + r["error"]]
+                     for r in rows], right=(1, 2, 3)))
+    return 1 if problem else 0
+
+
+# -- show -------------------------------------------------------------------------------------------
+async def _show(args: argparse.Namespace) -> int:
+    from ..snapshot import view_messages
+
+    view = args.view or ("request" if args.budget is not None else "full")
+    if args.budget is not None and view != "request":
+        raise UsageError("--budget applies to --view request only")
+    async with await _open(args, args.session) as store:
+        head = store.head_seq
+        target = await store.at(args.at) if args.at is not None else store
+        try:
+            messages = await view_messages(target, view, args.budget)
+            seq = target.head_seq
+        finally:
+            if target is not store:
+                await target.close()
+    if args.json:
+        print_json({"session_id": args.session, "view": view, "at_seq": args.at, "seq": seq, "head_seq": head,
+                    "token_budget": args.budget, "messages": messages})
+        return 0
+    on = use_colour(sys.stdout)
+    at = f" as of seq {seq}" if args.at is not None else ""
+    print(paint(f"session {args.session} · view {view} · {len(messages)} messages{at} (log head seq {head})",
+                "1", on))
+    limit = None if args.full else 300
+    for i, m in enumerate(messages):
+        text = message_text(m, limit, "; --full shows all").rstrip().replace("\n", "\n" + " " * 17)
+        print(f"{i:>4}  {role_label(str(m.get('role')), on)}  {text}")
+    return 0
+
+
+# -- stats ------------------------------------------------------------------------------------------
+async def _last_compaction(store: Any) -> dict[str, Any] | None:
+    """The newest compaction audit record, if the log holds any (found without loading views again)."""
+    kinds = [k for k in store.stats()["events"] if "compact" in k]
+    if not kinds:
+        return None
+    from ..manager import open_log
+
+    last = None
+    log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
+    try:
+        async for batch in log.read_batches():
+            for rec in batch:
+                if rec["type"] in kinds:
+                    last = rec
+    finally:
+        await log.close()
+    return None if last is None else {"seq": last["seq"], "ts": last["ts"], "type": last["type"],
+                                      "data": last["data"]}
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    async with await _open(args, args.session) as store:
+        st = store.stats()
+        count = store._counter.count_message
+        views = {"full": st["tokens"],
+                 "conversation": sum(count(m) for m in await store.get_conversation_view()),
+                 "reasoning": sum(count(m) for m in await store.get_reasoning_view())}
+        budget, source = store.resolve_budget(args.budget)
+        request = await store.get_messages_for_request(token_budget=args.budget)
+        views["request"] = sum(count(m) for m in request)
+        compaction = await _last_compaction(store)
+        session = dict(store._state.session)
+    out = {**st, "tokens_per_view": views, "request_messages": len(request), "budget": budget,
+           "budget_source": source, "last_compaction": compaction,
+           "parent": session.get("parent"), "imported": session.get("imported")}
+    if args.json:
+        print_json(out)
+        return 0
+    rows = [["session", st["session_id"]], ["log", st["path"]], ["events", f"{st['head_seq']} (" + ", ".join(
+        f"{k} {v}" for k, v in sorted(st["events"].items())) + ")"],
+            ["bytes", f"{st['bytes']} ({human_size(st['bytes'])})"], ["messages", st["messages"]],
+            ["pinned", st["pinned"]],
+            ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
+    rows += [[f"tokens: {k}", v] for k, v in views.items()]
+    rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"])
+    rows.append(["last compaction", "none recorded" if compaction is None else
+                 f"seq {compaction['seq']} at {short_time(compaction['ts'])} ({compaction['type']})"])
+    if session.get("parent"):
+        rows.append(["forked from", f"{session['parent'].get('session_id')} at seq {session['parent'].get('seq')}"])
+    if session.get("imported"):
+        imp = session["imported"]
+        rows.append(["imported from", f"{imp.get('source')} {imp.get('path')}"])
+    print(table(["", ""], rows).split("\n", 1)[1])
+    return 0
+
+
+# -- tail -------------------------------------------------------------------------------------------
+def _summary(rec: dict[str, Any], on: bool, width: int = 100) -> str:
+    data = rec.get("data") or {}
+    kind = rec["type"]
+    if kind == "message_added":
+        m = data.get("message", {})
+        return role_label(str(m.get("role")), on) + " " + message_text(m, width).replace("\n", " ⏎ ")
+    if kind == "messages_replaced":
+        return f"{len(data.get('messages', []))} messages"
+    if kind in ("pinned", "unpinned", "redacted"):
+        return f"message of seq {data.get('seq')} (index {data.get('index')})"
+    if kind == "session_started":
+        extra = []
+        if data.get("parent"):
+            extra.append(f"fork of {data['parent'].get('session_id')} at seq {data['parent'].get('seq')}")
+        if data.get("imported"):
+            extra.append(f"imported {data['imported'].get('source')} ({data['imported'].get('messages')} messages)")
+        return f"{data.get('program')} format {data.get('format')}, tokenizer {data.get('tokenizer')}" + (
+            "; " + "; ".join(extra) if extra else "")
+    return orjson.dumps(data).decode()[:width]
+
+
+def _print_record(rec: dict[str, Any], as_json: bool, on: bool) -> None:
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(rec) + b"\n")
+    else:
+        sys.stdout.write(f"{rec['seq']:>6}  {short_time(rec.get('ts'))}  {rec['type']:<18} {_summary(rec, on)}\n")
+    sys.stdout.flush()
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    from ..errors import SessionNotFoundError
+    from ..manager import PersistentContextManager, open_log
+
+    if args.lines < 0:
+        raise UsageError("-n must be >= 0")
+    if args.after is not None and args.after < 0:
+        raise UsageError("--after must be >= 0")
+    on = use_colour(sys.stdout)
+    cfg = PersistentContextManager.check_config(backend_of(args))
+    last = args.after or 0
+    try:
+        log = await open_log(storage_of(args), args.session, cfg, readonly=True)
+    except SessionNotFoundError:
+        if not args.follow or backend_of(args):
+            raise
+        log = None
+        print(f"waiting for session {args.session!r} to be created…", file=sys.stderr)
+    try:
+        if log is not None:
+            if args.after is not None:  # every event after SEQ
+                async for batch in log.read_batches(after_seq=args.after):
+                    for rec in batch:
+                        if rec["seq"] > args.after:
+                            _print_record(rec, args.json, on)
+                            last = rec["seq"]
+            else:  # the last N events
+                recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=args.lines)
+                async for batch in log.read_batches():
+                    recent.extend(batch)
+                    last = batch[-1]["seq"]
+                for rec in recent:
+                    _print_record(rec, args.json, on)
+        if not args.follow:
+            return 0
+        if args.until_seq is not None and last >= args.until_seq:
+            return 0
+        await _follow(args, log, last, on)
+    finally:
+        if log is not None:
+            await log.close()
+    return 0
+
+
+async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool) -> None:
+    if log is not None:
+        stream = log.follow(after)
+    else:
+        from ..follow import follow_file
+        from ..paths import LOG_NAME, session_dir
+
+        stream = follow_file(session_dir(storage_of(args), args.session) / LOG_NAME, after)
+    try:
+        async with asyncio.timeout(args.timeout), contextlib.aclosing(stream) as records:
+            async for rec in records:
+                _print_record(rec, args.json, on)
+                if args.until_seq is not None and rec["seq"] >= args.until_seq:
+                    return
+    except TimeoutError:
+        return  # --timeout elapsed: a normal end
+
+
+# -- registration -----------------------------------------------------------------------------------
+def _run(coro_fn: Any) -> Any:
+    return lambda args: asyncio.run(coro_fn(args))
+
+
+def _seq(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an event seq (an integer >= 1), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an event seq (an integer >= 1), got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _parser(sub: Any, common: argparse.ArgumentParser, name: str, help_: str, examples: str) -> Any:
+    return sub.add_parser(name, parents=[common], help=help_, description=help_,
+                          epilog="examples:\n" + examples, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = _parser(sub, common, "ls", "list sessions: messages, events, size on disk, last activity",
+                "  context-persistent ls\n  context-persistent ls --storage ~/.amplifier/context --json\n")
+    p.set_defaults(func=_run(_ls))
+
+    p = _parser(sub, common, "show", "print a session's messages (a view, now or as of any event)",
+                "  context-persistent show my-session\n"
+                "  context-persistent show my-session --view conversation\n"
+                "  context-persistent show my-session --at 42            # as it was right after event 42\n"
+                "  context-persistent show my-session --budget 8000      # the request view at 8000 tokens\n"
+                "  context-persistent show my-session --json | jq '.messages | length'\n")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--view", choices=VIEWS, default=None,
+                   help="full (default), conversation, reasoning, or request (the provider view)")
+    p.add_argument("--at", type=_seq, metavar="SEQ", help="time travel: the state right after event SEQ")
+    p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.add_argument("--full", action="store_true", help="do not shorten long messages")
+    p.set_defaults(func=_run(_show))
+
+    p = _parser(sub, common, "stats", "facts about a session: events, bytes, tokens per view, tokenizer, "
+                "last compaction", "  context-persistent stats my-session\n"
+                "  context-persistent stats my-session --budget 8000 --json\n")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.set_defaults(func=_run(_stats))
+
+    p = _parser(sub, common, "tail", "print the last events of a session; -f follows new ones live",
+                "  context-persistent tail my-session\n"
+                "  context-persistent tail my-session -n 50\n"
+                "  context-persistent tail my-session -f                 # until Ctrl-C\n"
+                "  context-persistent tail my-session -f --after 0 --until-seq 500 --json\n"
+                "  context-persistent tail my-session -f --timeout 60\n")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+                   help="how many of the last events to print first (default 10; 0 = none)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing events as they are appended")
+    p.add_argument("--after", type=int, metavar="SEQ", help="start after this seq instead of the last N events")
+    p.add_argument("--until-seq", type=_seq, metavar="SEQ", help="with -f: stop once this seq was printed")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="with -f: stop after this long")
+    p.set_defaults(func=_run(_tail))

@@ -1,0 +1,150 @@
+"""Moving sessions: ``export`` (a snapshot file), ``import`` (a new session from a snapshot, an Amplifier CLI
+transcript or a reference-module context-messages file), ``fork`` (a new session branched at a seq).
+The source session is opened read-only: these work while an agent is writing it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import backend_of, storage_of
+from .inspect import _open, _parser, _positive, _run, _seq, human_size, print_json
+
+FORMATS = ("jsonl", "json", "markdown")
+VIEWS = ("full", "conversation", "reasoning", "request")
+SOURCES = ("auto", "snapshot", "transcript", "reference")
+
+
+class Progress:
+    """A one-line progress bar on stderr: only on a terminal, and only once the work has run for ``delay`` s."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, delay: float = 0.5) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+        self.delay = delay
+        self._last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.start < self.delay or (now - self._last < 0.1 and done < total):
+            return
+        self._last = now
+        frac = done / total if total else 0.0
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\r{self.label} [{bar:<30}] {frac:4.0%} {human_size(done)} of {human_size(total)}")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 79 + "\r")
+            self.stream.flush()
+
+
+def _format_of(path: str, given: str | None) -> str:
+    if given:
+        return given
+    suffix = Path(path).suffix.lower()
+    return {".md": "markdown", ".markdown": "markdown", ".json": "json"}.get(suffix, "jsonl")
+
+
+# -- export -----------------------------------------------------------------------------------------
+async def _export(args: argparse.Namespace) -> int:
+    fmt = _format_of(args.path, args.format)
+    view = args.view or ("request" if args.budget is not None else "full")
+    progress = Progress(f"exporting {args.session}")
+    try:
+        async with await _open(args, args.session) as store:
+            header = await store.export(args.path, format=fmt, view=view, at_seq=args.at,
+                                        token_budget=args.budget, progress=progress)
+    finally:
+        progress.close()
+    size = Path(args.path).stat().st_size
+    if args.json:
+        print_json({"path": str(Path(args.path).resolve()), "bytes": size, "header": header})
+    else:
+        lo, hi = header["seq_range"]
+        print(f"exported {header['messages']} messages of session {args.session} (view {view}, events {lo}–{hi}, "
+              f"{fmt}) to {args.path} ({human_size(size)}, {header['body_sha256'][:19]}…)")
+        if fmt == "markdown":
+            print("note: Markdown is for reading; it cannot be imported (use jsonl or json to move a session)")
+    return 0
+
+
+# -- import -----------------------------------------------------------------------------------------
+async def _import(args: argparse.Namespace) -> int:
+    from ..snapshot import import_
+
+    system = args.system
+    if system is not None and system.startswith("@"):
+        system = Path(system[1:]).read_text(encoding="utf-8")
+    progress = Progress(f"importing {Path(args.path).name}")
+    try:
+        result = await import_(args.path, session_id=args.session, storage_path=storage_of(args),
+                               source=args.source, system_message=system, progress=progress, **backend_of(args))
+    finally:
+        progress.close()
+    if args.json:
+        print_json(result)
+    else:
+        print(f"imported {result['messages']} messages ({result['source']}) from {args.path} into new session "
+              f"{args.session} ({result['head_seq']} events, {result['pinned']} pinned) at {result['path']}")
+    return 0
+
+
+# -- fork -------------------------------------------------------------------------------------------
+async def _fork(args: argparse.Namespace) -> int:
+    async with await _open(args, args.session) as store:
+        result = await store.fork(args.new_session, at_seq=args.at)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"forked {args.session} at seq {result['seq']} into new session {args.new_session}: "
+              f"{result['messages']} messages, {result['pinned']} pinned ({result['path']})")
+    return 0
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = _parser(sub, common, "export", "write a snapshot of a session (a view, now or as of any event) to a file",
+                "  context-persistent export my-session backup.jsonl\n"
+                "  context-persistent export my-session chat.md --view conversation     # for people; one-way\n"
+                "  context-persistent export my-session at-42.json --at 42\n"
+                "  context-persistent export my-session request.jsonl --view request --budget 8000\n")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("path", metavar="PATH", help="file to write (replaced atomically)")
+    p.add_argument("--format", choices=FORMATS, help="jsonl, json or markdown (default: from PATH's extension, "
+                   ".md → markdown, .json → json, else jsonl)")
+    p.add_argument("--view", choices=VIEWS, help="full (default), conversation, reasoning or request")
+    p.add_argument("--at", type=_seq, metavar="SEQ", help="time travel: the state right after event SEQ")
+    p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.set_defaults(func=_run(_export))
+
+    p = _parser(sub, common, "import", "create a NEW session from a snapshot, an Amplifier CLI transcript.jsonl "
+                "or a reference-module context-messages.jsonl",
+                "  context-persistent import backup.jsonl restored-session\n"
+                "  context-persistent import ~/.amplifier/projects/P/sessions/S/context-messages.jsonl S\n"
+                "  context-persistent import transcript.jsonl S --source transcript --system @system-prompt.md\n")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("session", metavar="SESSION", help="id of the new session (must not exist)")
+    p.add_argument("--source", choices=SOURCES, default="auto",
+                   help="what PATH is (default auto: see docs/snapshots.md for the rules)")
+    p.add_argument("--system", metavar="TEXT|@FILE",
+                   help="prepend a system message (a CLI transcript has none); @FILE reads it from a file")
+    p.set_defaults(func=_run(_import))
+
+    p = _parser(sub, common, "fork", "branch a session: a NEW session with its history and pins as of a seq",
+                "  context-persistent fork my-session my-session-try2\n"
+                "  context-persistent fork my-session before-refactor --at 120\n")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("new_session", metavar="NEW_SESSION", help="id of the new session (must not exist)")
+    p.add_argument("--at", type=_seq, metavar="SEQ", help="branch right after event SEQ (default: the head)")
+    p.set_defaults(func=_run(_fork))
+

@@ -1,0 +1,429 @@
+"""verify and repair a file session: find every bad byte, keep every valid record (the CLI is cli/durability.py).
+
+Both walk the whole log the way open does, but never stop at the first problem. What they find:
+
+* ``corrupt``: bytes that are not a valid record, with a valid record after them (open refuses the log);
+* ``torn``: bytes after the last valid record (a write cut short; open cuts them to a side file);
+* ``seq``: a valid record whose seq does not exceed the one before it (open refuses the log);
+* ``unloadable`` (verify only): a valid record this program cannot fold into its state;
+* seq gaps: a seq that skips numbers. Repair leaves gaps (see below), and records them in a
+  ``log_repaired`` event; gaps listed there are "explained", any other gap is a problem;
+* the checkpoint: missing (fine), valid, or why open would ignore it.
+
+A newline lost or flipped by a bad bit merges records into one line: every complete record inside such a
+line is still found and kept (codec.split_records).
+
+Repair, holding the writer lock: writes the valid records, byte for byte, to a temp file, appends a
+``log_repaired`` audit event, fsyncs it, writes every bad piece (line, byte offset, reason, bytes) to
+``events.jsonl.quarantine-<time>`` (fsynced), then renames the temp file over the log and fsyncs the
+folder; the checkpoint (a cache) is removed. Nothing is lost: the new log plus the quarantine file hold
+every byte of the old log. Seqs are never renumbered: message keys, pins and redactions name seqs, so
+renumbering would silently re-point them. Gaps are allowed by open (seqs must only increase).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import codec
+from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
+from .errors import SessionNotFoundError
+from .log import FileLock
+from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir
+from .projection import Projection
+
+#: The audit event repair appends to a log it rebuilt (the projection ignores it).
+REPAIRED = "log_repaired"
+QUARANTINE_PREFIX = LOG_NAME + ".quarantine-"
+TORN_PREFIX = LOG_NAME + ".torn-"
+_REPAIR_TMP = LOG_NAME + ".repair-tmp"
+_MAX_LISTED = 100  # quarantined pieces listed in the audit event (all are in the quarantine file)
+
+
+@dataclass
+class Problem:
+    """One finding: ``kind`` (corrupt, torn, seq, unloadable), where it is, and why."""
+
+    kind: str
+    line: int
+    offset: int
+    length: int
+    reason: str
+    seq: int | None = None
+
+    def describe(self) -> str:
+        what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
+                "unloadable": "unloadable record"}[self.kind]
+        return f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
+
+
+@dataclass
+class Gap:
+    """Seqs ``after_seq + 1 .. next_seq - 1`` are missing; ``explained`` if a repair recorded it."""
+
+    after_seq: int
+    next_seq: int
+    explained: bool = False
+
+
+@dataclass
+class Report:
+    """What verify found in one session (``ok`` means exit code 0)."""
+
+    session_id: str
+    path: str
+    size: int
+    records: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    side_files: list[str] = field(default_factory=list)
+    writer_pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(g.explained for g in self.gaps) and self.checkpoint.get("ok", True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass
+class RepairResult:
+    """What repair did; ``changed`` is False when the log needed nothing."""
+
+    session_id: str
+    path: str
+    changed: bool
+    kept: int
+    quarantined: list[Problem]
+    quarantine_file: str | None
+    gaps: list[Gap]
+    checkpoint_removed: bool
+    old_size: int
+    new_size: int
+    audit_seq: int | None
+    unfixable: list[Problem]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- the walk (shared by verify and repair) ----------------------------------------------------------
+def _lines(path: Path, size: int) -> Iterator[tuple[int, int, bytes]]:
+    """``(line number, offset, bytes)`` of each line within the first ``size`` bytes."""
+    with open(path, "rb") as f:
+        offset = 0
+        for n, line in enumerate(f, 1):
+            if offset + len(line) > size:
+                line = line[: size - offset]
+            if line:
+                yield n, offset, line
+            offset += len(line)
+            if offset >= size:
+                return
+
+
+class _Walk:
+    """One pass over a log: classifies every byte; ``keep`` receives the raw bytes of each kept record."""
+
+    def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
+                 fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None
+                 ) -> None:
+        self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.state = Projection() if fold else None
+        self.records = 0
+        self.first_seq = self.last_seq = 0
+        self.first_crc: str | None = None
+        self.problems: list[Problem] = []
+        self.bad: list[tuple[Problem, bytes]] = []  # every bad piece with its bytes (for the quarantine)
+        self._pending: list[tuple[Problem, bytes]] = []  # bad pieces no valid record has followed yet
+        self.gaps: list[Gap] = []
+        self.explained: set[tuple[int, int]] = set()
+
+    def run(self) -> "_Walk":
+        for n, offset, line in _lines(self.path, self.size):
+            if line[-1:] != b"\n":
+                self._bad(n, offset, line, "unterminated last record (no newline): a write cut short")
+                continue
+            try:
+                self._good(n, offset, line, codec.decode(line))
+                continue
+            except codec.RecordError:
+                pass
+            pieces = codec.split_records(line[:-1])
+            for i, (rel, seg, rec, reason) in enumerate(pieces):
+                raw = seg + b"\n" if i == len(pieces) - 1 else seg
+                if rec is None:
+                    self._bad(n, offset + rel, raw, reason)
+                else:
+                    self._good(n, offset + rel, seg + b"\n", rec)
+        if self._pending:  # nothing valid after them: one torn tail, as open sees it
+            first = self._pending[0][0]
+            raw = b"".join(r for _, r in self._pending)
+            torn = Problem("torn", first.line, first.offset, len(raw), first.reason)
+            self.problems.append(torn)
+            self.bad.append((torn, raw))
+        for gap in self.gaps:
+            gap.explained = (gap.after_seq, gap.next_seq) in self.explained
+        return self
+
+    def _bad(self, n: int, offset: int, raw: bytes, reason: str) -> None:
+        self._pending.append((Problem("corrupt", n, offset, len(raw), reason), raw))
+
+    def _flush_pending(self) -> None:
+        for problem, raw in self._pending:
+            self.problems.append(problem)
+            self.bad.append((problem, raw))
+        self._pending = []
+
+    def _good(self, n: int, offset: int, raw: bytes, rec: dict[str, Any]) -> None:
+        self._flush_pending()  # bad bytes before a valid record are corruption, not a torn tail
+        seq = rec["seq"]
+        if seq <= self.last_seq:
+            problem = Problem("seq", n, offset, len(raw), f"seq {seq} does not follow seq {self.last_seq}", seq)
+            self.problems.append(problem)
+            self.bad.append((problem, raw))
+            return
+        if self.records == 0:
+            self.first_seq, self.first_crc = seq, rec.get("crc")
+        elif seq > self.last_seq + 1:
+            self.gaps.append(Gap(self.last_seq, seq))
+        self.last_seq = seq
+        self.records += 1
+        if rec["type"] == REPAIRED:
+            for a, b in rec["data"].get("gaps", []):
+                self.explained.add((a, b))
+        if self.keep is not None:
+            self.keep(raw)
+        if self.state is not None:
+            try:
+                self.state.apply(rec)
+            except Exception as e:  # a valid checksum but a shape this program cannot fold
+                self.problems.append(Problem("unloadable", n, offset, len(raw),
+                                             f"record seq {seq} ({rec['type']}) cannot be loaded: "
+                                             f"{type(e).__name__}: {e}", seq))
+        if self.on_record is not None:
+            self.on_record(rec, offset + len(raw), self.state)
+
+
+# -- verify ------------------------------------------------------------------------------------------
+def _log_path(directory: Path, session_id: str) -> Path:
+    path = directory / LOG_NAME
+    if not path.is_file():
+        raise SessionNotFoundError(f"session {session_id!r} not found: no {path}")
+    return path
+
+
+def writer_pid(directory: Path) -> int | None:
+    """The pid written in the lock file if that process is alive (a hint: verify never takes the lock)."""
+    try:
+        text = (directory / LOCK_NAME).read_text().strip()
+        pid = int(text) if text else None
+    except (OSError, ValueError):
+        return None
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def side_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()
+                  if p.name.startswith((TORN_PREFIX, QUARANTINE_PREFIX)))
+
+
+def _normal(state: dict[str, Any]) -> Any:
+    """A projection state as plain JSON values, token counts left out (a cache inside the cache)."""
+    out = orjson.loads(orjson.dumps(state))
+    out.pop("tokens", None)
+    return out
+
+
+def _check_checkpoint(directory: Path, session_id: str, path: Path, size: int
+                      ) -> tuple[dict[str, Any], Callable[[dict[str, Any], int, Projection | None], None], Callable[[_Walk], None]]:
+    """The checkpoint status, filled in during the walk (``on_record``) and after it (``finish``)."""
+    status: dict[str, Any] = {"status": "missing", "ok": True}
+    store = FileCheckpointStore(directory)
+    try:
+        payload = store.path.read_bytes()
+    except FileNotFoundError:
+        payload = None
+    cp = None
+    if payload is not None:
+        try:
+            cp = decode_checkpoint(payload)
+            status.update(seq=cp.seq, position=cp.position, bytes=len(payload))
+            reason = mismatch(cp, session_id=session_id)
+            if reason:
+                status.update(status="ignored", ok=False, reason=reason)
+                cp = None
+        except CheckpointError as e:
+            status.update(status="ignored", ok=False, reason=str(e))
+    seen: dict[str, Any] = {}
+
+    def on_record(rec: dict[str, Any], end: int, state: Projection | None) -> None:
+        if cp is None or rec["seq"] != cp.seq:
+            return
+        seen["end"], seen["crc"] = end, rec.get("crc")
+        seen["same"] = state is not None and _normal(state.to_state()) == _normal(cp.state)
+
+    def finish(walk: _Walk) -> None:
+        if cp is None:
+            return
+        if walk.first_crc != cp.first_crc:
+            reason = "its first-record fingerprint does not match the log (written for another log)"
+        elif not seen:
+            reason = f"it is at seq {cp.seq}, which the log does not hold (the log ends at seq {walk.last_seq})"
+        elif seen["end"] != cp.position or seen["crc"] != cp.last_crc:
+            reason = f"the record at its seq {cp.seq} is not the one it was written after (the log was rewritten)"
+        elif not seen["same"]:
+            reason = f"its state differs from the log replayed up to seq {cp.seq}"
+        else:
+            status.update(status="valid", behind=walk.last_seq - cp.seq)
+            return
+        status.update(status="ignored", ok=False, reason=reason)
+
+    return status, on_record, finish
+
+
+def verify(directory: Path, session_id: str) -> Report:
+    """Read the whole log (never taking the lock) and report every problem; see the module docstring."""
+    path = _log_path(directory, session_id)
+    size = path.stat().st_size  # a writer may append meanwhile: we check what was there when we started
+    status, on_record, finish = _check_checkpoint(directory, session_id, path, size)
+    walk = _Walk(path, size, fold=True, on_record=on_record).run()
+    finish(walk)
+    return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
+                  first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
+                  checkpoint=status, side_files=side_files(directory), writer_pid=writer_pid(directory))
+
+
+# -- repair ------------------------------------------------------------------------------------------
+class _Writer:
+    """Buffered appends to a new private file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        self.buf: list[bytes] = []
+        self.buffered = 0
+        self.size = 0
+
+    def __call__(self, data: bytes) -> None:
+        self.buf.append(data)
+        self.buffered += len(data)
+        if self.buffered >= 1 << 20:
+            self.flush()
+
+    def flush(self) -> None:
+        view = memoryview(b"".join(self.buf))
+        self.size += len(view)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.buf, self.buffered = [], 0
+
+    def finish(self) -> None:
+        self.flush()
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = -1
+
+    def abandon(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.path.unlink(missing_ok=True)
+
+
+def _quarantine_entry(problem: Problem, raw: bytes) -> bytes:
+    entry: dict[str, Any] = {"kind": problem.kind, "line": problem.line, "offset": problem.offset,
+                             "length": problem.length, "reason": problem.reason}
+    try:
+        entry["raw"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        entry["raw_b64"] = base64.b64encode(raw).decode("ascii")
+    return orjson.dumps(entry) + b"\n"
+
+
+def _write_quarantine(directory: Path, path: Path, size: int, bad: list[tuple[Problem, bytes]]) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    qpath = directory / f"{QUARANTINE_PREFIX}{stamp}-{os.urandom(3).hex()}"
+    out = _Writer(qpath)
+    try:
+        out(orjson.dumps({"quarantined_from": str(path), "at": codec.now_iso(), "original_size": size,
+                          "pieces": len(bad)}) + b"\n")
+        for problem, raw in bad:
+            out(_quarantine_entry(problem, raw))
+        out.finish()
+    except BaseException:
+        out.abandon()
+        raise
+    return qpath
+
+
+def repair(directory: Path, session_id: str) -> RepairResult:
+    """Rebuild the log without its bad bytes, holding the writer lock (SessionLockedError if it is held)."""
+    path = _log_path(directory, session_id)
+    lock = FileLock(directory / LOCK_NAME, session_id)
+    try:
+        return _repair_locked(directory, session_id, path)
+    finally:
+        lock.release()
+
+
+def _repair_locked(directory: Path, session_id: str, path: Path) -> RepairResult:
+    size = path.stat().st_size
+    status, on_record, finish = _check_checkpoint(directory, session_id, path, size)
+    store = FileCheckpointStore(directory)
+    out = _Writer(directory / _REPAIR_TMP)
+    try:
+        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record).run()
+        finish(walk)
+        fixable = [p for p, _ in walk.bad]
+        unfixable = [p for p in walk.problems if p.kind == "unloadable"]
+        if not fixable and all(g.explained for g in walk.gaps):
+            out.abandon()
+            removed = status["status"] == "ignored"
+            if removed:
+                store.discard_sync()  # a checkpoint open would ignore: remove the useless cache
+            return RepairResult(session_id, str(path), False, walk.records, [], None, walk.gaps, removed,
+                                size, size, None, unfixable)
+        audit_seq = None
+        if walk.records:  # record what was done, and the gaps it leaves, in the log itself
+            audit_seq = walk.last_seq + 1
+            out(codec.encode_event(audit_seq, REPAIRED, {
+                "program": "context-persistent repair", "original_size": size, "quarantined": len(fixable),
+                "gaps": [[g.after_seq, g.next_seq] for g in walk.gaps],
+                "pieces": [{"kind": p.kind, "line": p.line, "offset": p.offset, "length": p.length,
+                            "reason": p.reason} for p in fixable[:_MAX_LISTED]],
+            }))
+            for g in walk.gaps:
+                g.explained = True
+        qpath = _write_quarantine(directory, path, size, walk.bad) if walk.bad else None
+        out.finish()
+        fsync_dir(directory)  # the quarantine file is durable before the log loses the bytes
+        os.replace(out.path, path)
+        fsync_dir(directory)
+    except BaseException:
+        out.abandon()
+        raise
+    had_checkpoint = store.path.exists()
+    store.discard_sync()  # its position means nothing in the rebuilt file
+    return RepairResult(session_id, str(path), True, walk.records, fixable, str(qpath) if qpath else None,
+                        walk.gaps, had_checkpoint, size, out.size, audit_seq, unfixable)

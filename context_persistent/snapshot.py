@@ -1,0 +1,376 @@
+"""Export, import and fork: snapshot files and new sessions built from them (I/O; formats in snapshot_codec).
+
+- ``export(store, path, ...)`` writes one view of a session, at its head or as it was right after any
+  ``at_seq`` (time travel: the log's records up to that seq are replayed through ``Projection.apply``, from
+  a separate read-only handle on the log), to a file written atomically (temp file 0600, fsync, rename,
+  fsync of the folder).
+- ``import_(path, session_id=..., storage_path=...)`` creates a NEW session from a snapshot, an Amplifier
+  CLI ``transcript.jsonl`` or the reference module's ``context-messages.jsonl``.
+- ``fork(store, new_session_id, at_seq=...)`` creates a NEW session holding the history and pins as of a seq,
+  whose ``session_started`` names its parent.
+
+A new session is built completely in a hidden temp folder beside its final place and renamed into place in
+one step, so a failure at any point leaves no half-written session (see docs/snapshots.md).
+
+aiofiles does the bulk file I/O here (snapshot and import files are read and written in 1 MiB chunks in a
+worker thread) so that exporting a large session from inside a running agent does not stall its event loop.
+It is not used per line: every aiofiles call is a thread hop (~50 µs), which would dominate small writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiofiles
+import orjson
+
+from . import codec
+from . import events as ev
+from . import snapshot_codec as sc
+from .errors import SessionExistsError
+from .paths import DIR_MODE, FILE_MODE, LOG_NAME, fsync_dir, make_private_dirs, session_dir, validate_session_id
+from .projection import Projection, make_key
+from .tokens import DEFAULT_ENCODING
+
+if TYPE_CHECKING:
+    from .eventlog import EventLog
+    from .manager import PersistentContextManager
+
+#: ``progress(done, total)`` callback (bytes or messages; ``total`` may be 0 when unknown).
+Progress = Callable[[int, int], None]
+CHUNK = 1 << 20
+PROGRAM = "context-persistent"
+
+
+# -- time travel ------------------------------------------------------------------------------------
+async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
+    """The projection after every record with ``seq <= at_seq`` (all records when None): a pure fold."""
+    state = Projection()
+    apply = state.apply
+    async for batch in log.read_batches():
+        for rec in batch:
+            if at_seq is not None and rec["seq"] > at_seq:
+                return state
+            apply(rec)
+    return state
+
+
+def _check_at_seq(at_seq: Any, head: int) -> int:
+    if isinstance(at_seq, bool) or not isinstance(at_seq, int) or at_seq < 1:
+        raise ValueError(f"at_seq must be an integer >= 1, got {at_seq!r}")
+    if at_seq > head:
+        raise ValueError(f"at_seq {at_seq} is beyond the last event of the session (seq {head})")
+    return at_seq
+
+
+async def open_at(store: PersistentContextManager, at_seq: int) -> PersistentContextManager:
+    """A read-only store showing the session as it was right after event ``at_seq``. Close it after use.
+
+    It replays the log from a second, read-only handle (no lock; the writer is not disturbed) and offers
+    every read method of the store (views, request view, token counts, stats) on that past state.
+    """
+    from .manager import open_log
+
+    _check_at_seq(at_seq, store.head_seq)
+    log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
+    try:
+        state = await replay(log, at_seq)
+        past = type(store)(storage_path=store.storage_path, session_id=store.session_id, log=log,
+                           config=store.config)
+        past._state = state
+        past._loaded_from_file = state.has_history
+    except BaseException:
+        await log.close()
+        raise
+    return past
+
+
+async def view_messages(store: PersistentContextManager, view: str, token_budget: int | None = None
+                        ) -> list[dict[str, Any]]:
+    """The messages of ``view`` (``full``, ``conversation``, ``reasoning`` or ``request``), as a copy."""
+    sc.check_choice("view", view, sc.VIEWS)
+    if view == "request":
+        return await store.get_messages_for_request(token_budget=token_budget)
+    if token_budget is not None:
+        raise ValueError("token_budget applies only to view='request'")
+    if view == "conversation":
+        return await store.get_conversation_view()
+    if view == "reasoning":
+        return await store.get_reasoning_view()
+    return await store.get_messages()
+
+
+# -- export -----------------------------------------------------------------------------------------
+async def export(store: PersistentContextManager, path: str | os.PathLike[str], *, format: str = "jsonl",
+                 view: str = "full", at_seq: int | None = None, token_budget: int | None = None,
+                 progress: Progress | None = None) -> dict[str, Any]:
+    """Write a snapshot of ``view`` at the head (or right after ``at_seq``) to ``path``; returns its header.
+
+    The file is replaced atomically: readers see the old file or the complete new one, never a part.
+    """
+    sc.check_choice("format", format, sc.FORMATS)
+    sc.check_choice("view", view, sc.VIEWS)
+    store._check_open()
+    if at_seq is not None:
+        past = await open_at(store, at_seq)
+        try:
+            return await export(past, path, format=format, view=view, token_budget=token_budget,
+                                progress=progress)
+        finally:
+            await past.close()
+    state = store._state
+    messages = await view_messages(store, view, token_budget)
+    pinned = ([i for i, k in enumerate(state.keys) if k in state.pinned] if view == "full" else [])
+    header: dict[str, Any] = {
+        sc.MARKER: sc.SNAPSHOT_VERSION,
+        "format": format,
+        "view": view,
+        "session_id": store.session_id,
+        "seq_range": [1 if state.head_seq else 0, state.head_seq],
+        "created_at": codec.now_iso(),
+        "messages": len(messages),
+        "pinned": pinned,
+        "tokenizer": state.session.get("tokenizer") or store.config.get("tokenizer"),
+        "program": PROGRAM,
+    }
+    if "parent" in state.session:
+        header["parent"] = state.session["parent"]
+    if token_budget is not None:
+        header["token_budget"] = token_budget
+    chunks = list(sc.encode_snapshot(header, messages, format))
+    await write_atomic(Path(path), chunks, progress)
+    return header
+
+
+async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress | None = None) -> int:
+    """Write ``chunks`` to ``path`` via a 0600 temp file beside it: write, fsync, rename, fsync the folder."""
+    parts = list(chunks)
+    total = sum(len(c) for c in parts)
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"folder {parent} does not exist (create it first)", str(parent))
+    tmp = parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    done = 0
+    try:
+        async with aiofiles.open(tmp, "xb", opener=_private_opener) as f:
+            for chunk in parts:
+                for i in range(0, len(chunk), CHUNK):
+                    piece = chunk[i:i + CHUNK]
+                    await f.write(piece)
+                    done += len(piece)
+                    if progress:
+                        progress(done, total)
+            await f.flush()
+            await asyncio.to_thread(os.fsync, f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(parent)
+    return total
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+
+
+async def read_file(path: Path, progress: Progress | None = None) -> bytes:
+    """The whole file, read in chunks off the event loop."""
+    total = os.stat(path).st_size
+    parts = []
+    done = 0
+    async with aiofiles.open(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
+            parts.append(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+    return b"".join(parts)
+
+
+# -- building new sessions --------------------------------------------------------------------------
+def session_lines(session_id: str, started: dict[str, Any], messages: list[dict[str, Any]],
+                  pins: Iterable[int] = (), stamps: list[str | None] | None = None) -> list[bytes]:
+    """The records of a new session: ``session_started``, one ``message_added`` per message, then pins."""
+    ts = codec.now_iso()
+    data = {"format": codec.FORMAT_VERSION, "tokenizer": DEFAULT_ENCODING, "program": PROGRAM,
+            "session_id": session_id, **started}
+    lines = [codec.encode_event(1, ev.SESSION_STARTED, data, ts)]
+    for i, m in enumerate(messages):
+        body = b'{"message":%s' % ev.validate_message(m, f"message {i + 1}")
+        if stamps and stamps[i] is not None:
+            body += b',"source_timestamp":%s' % orjson.dumps(stamps[i])
+        lines.append(codec.encode(i + 2, ev.MESSAGE_ADDED, body + b"}", ts))
+    for seq, i in enumerate(sorted(set(pins)), len(lines) + 1):
+        msg_seq = i + 2
+        lines.append(codec.encode_event(seq, ev.PINNED, {"key": make_key(msg_seq), "seq": msg_seq, "index": 0},
+                                        ts))
+    return lines
+
+
+def _target(storage_path: str | os.PathLike[str], session_id: str) -> Path:
+    target = session_dir(storage_path, session_id)
+    if (target / LOG_NAME).exists():
+        raise SessionExistsError(f"session {session_id!r} already exists ({target / LOG_NAME}); "
+                                 "choose another session id (nothing is ever overwritten)")
+    return target
+
+
+async def create_session(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
+                         config: dict[str, Any] | None = None) -> Path:
+    """Create a session holding exactly ``lines``, all or nothing; SessionExistsError if it exists."""
+    if config and config.get("backend", "file") != "file":
+        return await _create_in_backend(storage_path, session_id, lines, config)
+    target = _target(storage_path, session_id)
+    storage = Path(storage_path)
+    make_private_dirs(storage)
+    tmp = storage / f".tmp-{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
+    os.mkdir(tmp, DIR_MODE)
+    try:
+        os.chmod(tmp, DIR_MODE)
+        async with aiofiles.open(tmp / LOG_NAME, "xb", opener=_private_opener) as f:
+            for chunk in sc._chunks(lines):
+                await f.write(chunk)
+            await f.flush()
+            await asyncio.to_thread(os.fsync, f.fileno())
+        fsync_dir(tmp)
+        try:
+            os.rename(tmp, target)  # replaces only an empty folder; a non-empty one raises
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise SessionExistsError(f"session {session_id!r} already exists ({target} is in use); "
+                                         "choose another session id (nothing is ever overwritten)") from None
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(storage)
+    return target / LOG_NAME
+
+
+async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
+                             config: dict[str, Any]) -> Path:
+    """Other backends: one append of every record (one transaction on PostgreSQL)."""
+    from .manager import open_log
+
+    log = await open_log(storage_path, session_id, config)
+    try:
+        if log.existed or log.last_seq:
+            raise SessionExistsError(f"session {session_id!r} already exists; choose another session id")
+        await log.append(lines, 1)
+    finally:
+        await log.close()
+    return Path(str(getattr(log, "path", session_id)))
+
+
+# -- import -----------------------------------------------------------------------------------------
+async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path: str | os.PathLike[str],
+                  source: str = "auto", system_message: str | None = None, progress: Progress | None = None,
+                  **config: Any) -> dict[str, Any]:
+    """Create the NEW session ``session_id`` from a snapshot, a CLI transcript or a context-messages file.
+
+    ``source="auto"`` detects the kind (docs/snapshots.md lists the rules). ``system_message`` prepends a
+    system message (an Amplifier CLI transcript has none). Raises SessionExistsError if the session exists,
+    MalformedInputError (a ValueError) naming the file and line for bad or truncated input, ValueError for
+    a Markdown snapshot (one-way). Nothing is written unless the whole file is valid. Returns a summary.
+    ``config`` selects the backend (``backend``/``dsn``), as for ``PersistentContextManager.open``.
+    """
+    validate_session_id(session_id)
+    sc.check_choice("source", source, sc.SOURCES)
+    if system_message is not None and not isinstance(system_message, str):
+        raise ValueError(f"system_message must be a string, got {type(system_message).__name__}")
+    cfg = _backend_config(config)
+    p = Path(path)
+    if cfg.get("backend", "file") == "file":
+        _target(storage_path, session_id)  # fail fast, before reading a large file
+    data = await read_file(p, progress)
+    name = str(p)
+    kind = sc.detect(data, name) if source == "auto" else source
+    stamps: list[str | None] | None = None
+    pins: list[int] = []
+    header: dict[str, Any] = {}
+    provenance: dict[str, Any] = {"path": str(p.resolve()), "digest": sc.sha256(data), "bytes": len(data)}
+    if kind == "markdown":
+        raise ValueError(f"{name} is a Markdown snapshot: Markdown is one-way (for people to read) and cannot "
+                         "be imported; export the session with format 'jsonl' or 'json' to move it")
+    if kind == "snapshot":
+        header, messages = sc.parse_snapshot(data, name)
+        pins = sc.header_pins(header, len(messages), name) if header.get("view") == "full" else []
+        provenance["snapshot"] = {k: header.get(k) for k in ("session_id", "view", "seq_range", "created_at",
+                                                             "format", "body_sha256")}
+    else:
+        messages, stamps = sc.parse_message_lines(data, name)
+        if kind == "messages":
+            kind = sc.messages_kind(name, messages)
+    if system_message is not None:
+        messages = [{"role": "system", "content": system_message}, *messages]
+        stamps = [None, *stamps] if stamps is not None else None
+        pins = [i + 1 for i in pins]
+    provenance = {"source": kind, **provenance, "messages": len(messages)}
+    started = {"imported": provenance}
+    if kind == "snapshot" and isinstance(header.get("tokenizer"), str):
+        started["tokenizer"] = header["tokenizer"]
+    lines = session_lines(session_id, started, messages, pins, stamps)
+    log_path = await create_session(storage_path, session_id, lines, cfg)
+    return {"session_id": session_id, "source": kind, "messages": len(messages), "pinned": len(pins),
+            "head_seq": len(lines), "path": str(log_path), "from": str(p)}
+
+
+def _backend_config(config: dict[str, Any]) -> dict[str, Any]:
+    if not config:
+        return {}
+    from .manager import PersistentContextManager
+
+    return PersistentContextManager.check_config(config)
+
+
+# -- fork -------------------------------------------------------------------------------------------
+async def fork(store: PersistentContextManager, new_session_id: str, *, at_seq: int | None = None
+               ) -> dict[str, Any]:
+    """Create ``new_session_id`` holding ``store``'s history and pins as of ``at_seq`` (default: head).
+
+    Its ``session_started`` carries ``parent: {session_id, seq}``. The parent is only read.
+    """
+    validate_session_id(new_session_id)
+    store._check_open()
+    if at_seq is None:
+        state = store._state
+    else:
+        _check_at_seq(at_seq, store.head_seq)
+        from .manager import open_log
+
+        log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
+        try:
+            state = await replay(log, at_seq)
+        finally:
+            await log.close()
+    seq = state.head_seq
+    pins = [i for i, k in enumerate(state.keys) if k in state.pinned]
+    started = {"parent": {"session_id": store.session_id, "seq": seq},
+               "tokenizer": state.session.get("tokenizer") or store.config.get("tokenizer") or DEFAULT_ENCODING}
+    lines = session_lines(new_session_id, started, list(state.messages), pins)
+    backend = store.config if store.config.get("backend", "file") != "file" else None
+    log_path = await create_session(store.storage_path, new_session_id, lines, backend)
+    return {"session_id": new_session_id, "parent": store.session_id, "seq": seq,
+            "messages": len(state.messages), "pinned": len(pins), "head_seq": len(lines), "path": str(log_path)}
+
+
+async def export_session(storage_path: str | os.PathLike[str], session_id: str, path: str | os.PathLike[str],
+                         **kwargs: Any) -> dict[str, Any]:
+    """``export`` of a session opened read-only (no lock: works while an agent is writing it)."""
+    from .manager import PersistentContextManager
+
+    backend = {k: kwargs.pop(k) for k in ("backend", "dsn", "pg_schema") if k in kwargs}
+    async with await PersistentContextManager.open(storage_path=storage_path, session_id=session_id,
+                                                   readonly=True, **backend) as store:
+        return await export(store, path, **kwargs)
+
+
+__all__ = ["create_session", "export", "export_session", "fork", "import_", "open_at", "replay",
+           "view_messages", "write_atomic"]

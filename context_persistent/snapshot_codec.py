@@ -1,0 +1,297 @@
+"""Snapshot files and foreign message files: encoding, detection and parsing (pure: bytes in, bytes out).
+
+The I/O (atomic writes, temp folders, aiofiles) lives in snapshot.py. See docs/snapshots.md for the format.
+
+A snapshot holds one *view* of a session as a list of messages plus a header. Its checksum is defined once
+for every format: ``sha256`` over the messages as compact JSON (orjson), one per line, each ending in
+``\\n`` (the "canonical body"). For JSONL that is exactly the bytes after the header line; for JSON it is
+recomputed from the parsed messages (orjson re-encodes what it wrote byte for byte); for Markdown it is the
+bytes after the header line (Markdown is one-way: for people, never imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from . import events as ev
+from .errors import MalformedInputError, UnsupportedFormatError
+
+#: The key that marks a snapshot header; its value is the snapshot format version.
+MARKER: Final = "context_persistent_snapshot"
+SNAPSHOT_VERSION: Final = 1
+FORMATS: Final = ("jsonl", "json", "markdown")
+VIEWS: Final = ("full", "conversation", "reasoning", "request")
+SOURCES: Final = ("auto", "snapshot", "transcript", "reference")
+MD_PREFIX: Final = b"<!-- context-persistent snapshot "
+_BOM: Final = b"\xef\xbb\xbf"
+#: File names the Amplifier CLI and the reference module use (the first rule of ``auto`` detection).
+TRANSCRIPT_NAME: Final = "transcript.jsonl"
+REFERENCE_NAME: Final = "context-messages.jsonl"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+# -- writing ----------------------------------------------------------------------------------------
+def message_lines(messages: Sequence[dict[str, Any]]) -> Iterator[bytes]:
+    """The canonical body, one line per message (the unit the checksum covers)."""
+    dumps = orjson.dumps
+    for m in messages:
+        yield dumps(m) + b"\n"
+
+
+def encode_snapshot(header: dict[str, Any], messages: Sequence[dict[str, Any]], fmt: str) -> Iterator[bytes]:
+    """The file's bytes in chunks. ``header`` gets ``body_sha256`` filled in (the caller keeps it)."""
+    check_choice("format", fmt, FORMATS)
+    if fmt == "markdown":
+        body = render_markdown(header, messages)
+        header["body_sha256"] = sha256(body)
+        yield MD_PREFIX + orjson.dumps(header) + b" -->\n"
+        yield body
+        return
+    lines = list(message_lines(messages))
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line)
+    header["body_sha256"] = "sha256:" + h.hexdigest()
+    if fmt == "jsonl":
+        yield orjson.dumps(header) + b"\n"
+        yield from _chunks(lines)
+        return
+    # JSON: indented for people; the checksum is over the canonical body, not these bytes.
+    yield orjson.dumps({"header": header, "messages": list(messages)}, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _chunks(lines: list[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    buf: list[bytes] = []
+    n = 0
+    for line in lines:
+        buf.append(line)
+        n += len(line)
+        if n >= size:
+            yield b"".join(buf)
+            buf, n = [], 0
+    if buf:
+        yield b"".join(buf)
+
+
+def render_markdown(header: dict[str, Any], messages: Sequence[dict[str, Any]]) -> bytes:
+    """A readable transcript: one section per message, tool calls and results as fenced JSON."""
+    out = [f"# Session `{header['session_id']}`\n",
+           f"\nView **{header['view']}**, {len(messages)} messages, events {header['seq_range'][0]}–"
+           f"{header['seq_range'][1]}, exported {header['created_at']}. One-way: import a JSONL or JSON "
+           "snapshot instead.\n"]
+    for i, m in enumerate(messages, 1):
+        out.append(f"\n## {i}. {m.get('role')}\n\n")
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append(content.rstrip("\n") + "\n")
+        elif isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    out.append(str(block.get("text", "")).rstrip("\n") + "\n")
+                else:
+                    out.append(_fenced(block))
+        elif content is not None:
+            out.append(_fenced(content))
+        extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+        if extra:
+            out.append(_fenced(extra))
+    return "".join(out).encode()
+
+
+def _fenced(value: Any) -> str:
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    return f"\n```json\n{text}\n```\n"
+
+
+# -- detecting --------------------------------------------------------------------------------------
+def detect(data: bytes, path: str) -> str:
+    """``"markdown"``, ``"snapshot"`` or ``"messages"`` (a transcript or context-messages file).
+
+    Rules, in order: a ``.md``/``.markdown`` name or our Markdown header → markdown; a first line that is a
+    JSON object with the snapshot marker, or a whole-file JSON object whose ``header`` has it → snapshot;
+    a first line that is a JSON object with a ``role`` → messages. Anything else is MalformedInputError.
+    """
+    data = data.removeprefix(_BOM)
+    if Path(path).suffix.lower() in (".md", ".markdown") or data.startswith(MD_PREFIX):
+        return "markdown"
+    if not data.strip():
+        raise MalformedInputError(path, None, "the file is empty, so its kind cannot be detected "
+                                              "(give source='transcript' or 'reference' to import no messages)")
+    first_no, first = next((i, ln) for i, ln in enumerate(data.split(b"\n"), 1) if ln.strip())
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        if MARKER in obj:
+            return "snapshot"
+        if "role" in obj:
+            return "messages"
+        raise MalformedInputError(path, first_no, "is a JSON object with neither a 'role' (a message) nor "
+                                                  f"{MARKER!r} (a snapshot header)")
+    try:
+        whole = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise MalformedInputError(path, first_no, f"is not JSON ({e}); expected a snapshot or one message "
+                                                  "per line") from None
+    if isinstance(whole, dict) and isinstance(whole.get("header"), dict) and MARKER in whole["header"]:
+        return "snapshot"
+    raise MalformedInputError(path, first_no, "is JSON but neither a snapshot nor a message per line")
+
+
+def messages_kind(path: str, messages: Sequence[dict[str, Any]]) -> str:
+    """``"transcript"`` or ``"reference"`` for a message-per-line file (the ``auto`` rules, in order).
+
+    The file name decides when it is the one the writer uses (``transcript.jsonl`` /
+    ``context-messages.jsonl``); else a system or developer message means the reference module (the CLI
+    drops those from its transcript); else a transcript.
+    """
+    name = Path(path).name
+    if name == TRANSCRIPT_NAME:
+        return "transcript"
+    if name == REFERENCE_NAME:
+        return "reference"
+    if any(m.get("role") in ("system", "developer") for m in messages):
+        return "reference"
+    return "transcript"
+
+
+# -- parsing ----------------------------------------------------------------------------------------
+def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number, line, is_unterminated_last)`` for each non-blank line."""
+    parts = data.split(b"\n")
+    last = len(parts)
+    for no, raw in enumerate(parts, 1):
+        if raw.strip():
+            yield no, raw, no == last  # the piece after the final newline is unterminated
+
+
+def _load_line(raw: bytes, no: int, unterminated: bool, path: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if unterminated:
+            raise MalformedInputError(path, no, f"is truncated (the last line has no newline and is not "
+                                                f"complete JSON: {e})") from None
+        raise MalformedInputError(path, no, f"is not valid JSON ({e})") from None
+
+
+def _check_message(obj: Any, no: int | None, path: str) -> dict[str, Any]:
+    try:
+        ev.validate_message(obj, "the message")
+    except ValueError as e:
+        raise MalformedInputError(path, no, str(e)) from None
+    return obj  # type: ignore[no-any-return]
+
+
+def parse_message_lines(data: bytes, path: str) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """Messages of a transcript / context-messages file and the top-level ``timestamp`` each carried.
+
+    The ``timestamp`` key (added by the reference module and by newer Amplifier CLIs) is not part of the
+    message: it is removed and returned separately. Blank lines are ignored; any other bad line is an
+    error naming its number (a truncated last line says so).
+    """
+    data = data.removeprefix(_BOM)
+    messages: list[dict[str, Any]] = []
+    stamps: list[str | None] = []
+    for no, raw, unterminated in _lines(data):
+        obj = _load_line(raw, no, unterminated, path)
+        if isinstance(obj, dict) and MARKER in obj:
+            raise MalformedInputError(path, no, "is a context-persistent snapshot header; import it with "
+                                                "source='snapshot' (or 'auto')")
+        if isinstance(obj, dict) and isinstance(obj.get("timestamp"), str):
+            obj = dict(obj)
+            stamps.append(obj.pop("timestamp"))
+        else:
+            stamps.append(None)
+        messages.append(_check_message(obj, no, path))
+    return messages, stamps
+
+
+def parse_snapshot(data: bytes, path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(header, messages)`` of a JSONL or JSON snapshot, checksum verified; Markdown is refused."""
+    data = data.removeprefix(_BOM)
+    if data.startswith(MD_PREFIX):
+        raise ValueError(f"{path} is a Markdown snapshot: Markdown is one-way (for people to read) and "
+                         "cannot be imported; export the session with format 'jsonl' or 'json' to move it")
+    head, sep, rest = data.partition(b"\n")
+    try:
+        header = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        header = None
+    if isinstance(header, dict) and MARKER in header:
+        _check_header(header, path)
+        messages = _snapshot_jsonl_body(rest, path)
+        body_digest = sha256(rest)
+    else:
+        header, messages = _snapshot_json(data, path)
+        body_digest = sha256(b"".join(message_lines(messages)))
+    n = header.get("messages")
+    if isinstance(n, int) and n != len(messages):
+        raise MalformedInputError(path, len(messages) + 2 if n > len(messages) else None,
+                                  f"the header says {n} messages but the file holds {len(messages)} "
+                                  "(truncated or edited after export)")
+    if body_digest != header.get("body_sha256"):
+        raise MalformedInputError(path, None, f"body checksum mismatch (header {header.get('body_sha256')}, "
+                                              f"file {body_digest}): the messages were changed after export")
+    return header, messages
+
+
+def _check_header(header: dict[str, Any], path: str) -> None:
+    version = header.get(MARKER)
+    if not isinstance(version, int) or version < 1:
+        raise MalformedInputError(path, 1, f"snapshot header has no valid format version ({version!r})")
+    if version > SNAPSHOT_VERSION:
+        raise UnsupportedFormatError(f"{path}: snapshot format version {version} is newer than this "
+                                     f"program's {SNAPSHOT_VERSION}: upgrade context-persistent to import it")
+    if not isinstance(header.get("body_sha256"), str):
+        raise MalformedInputError(path, 1, "snapshot header has no body_sha256 checksum")
+
+
+def _snapshot_jsonl_body(body: bytes, path: str) -> list[dict[str, Any]]:
+    messages = []
+    for no, raw, unterminated in _lines(body):
+        obj = _load_line(raw, no + 1, unterminated, path)
+        messages.append(_check_message(obj, no + 1, path))
+    return messages
+
+
+def _snapshot_json(data: bytes, path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise MalformedInputError(path, e.lineno, f"is not valid JSON ({e.msg}; truncated or edited?)") from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("header"), dict) and MARKER in doc["header"]):
+        raise MalformedInputError(path, 1, f"is not a context-persistent snapshot (no {MARKER!r} header)")
+    header = doc["header"]
+    _check_header(header, path)
+    msgs = doc.get("messages")
+    if not isinstance(msgs, list):
+        raise MalformedInputError(path, None, "snapshot has no 'messages' list")
+    for i, m in enumerate(msgs):
+        try:
+            ev.validate_message(m, f"messages[{i}]")
+        except ValueError as e:
+            raise MalformedInputError(path, None, str(e)) from None
+    return header, msgs
+
+
+def header_pins(header: dict[str, Any], count: int, path: str) -> list[int]:
+    pins = header.get("pinned") or []
+    if not isinstance(pins, list) or not all(isinstance(i, int) and 0 <= i < count for i in pins):
+        raise MalformedInputError(path, 1, f"header 'pinned' must list message positions 0..{count - 1}")
+    return sorted(set(pins))

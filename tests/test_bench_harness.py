@@ -1,0 +1,99 @@
+"""The benchmark harness runs end to end with tiny sizes and produces every row (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks._harness import compare, percentile
+from benchmarks.peers import ReferenceReRead
+from benchmarks.run import plugins
+from benchmarks.workloads import agent_mix, sized_message, write_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
+        "replay_4k=10", "replay_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
+        "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1"]
+
+#: Every row name (prefix) each plug-in must produce with the sizes above.
+EXPECTED = {
+    "append": ["add_message fsync=always 300 B p50", "add_message fsync=always 300 B p99",
+               "fsync=always 300 B p50: SQLiteSession.add_items / ours", "fsync=always 300 B p50: sqlite3",
+               "add_message fsync=always 4096 B p50", "add_message fsync=always 4096 B p99",
+               "add_message fsync=batch, 64 producers", "fsync=batch, 64 producers: ours vs SQLiteSession",
+               "fsync=batch, 64 producers: ours vs sqlite3", "add_message fsync=never"],
+    "replay": ["open+replay 50 x 300 B, no checkpoint", "open 50 x 300 B from a checkpoint",
+               "peak RSS after open 80 x 300 B, no checkpoint", "open + first request 80 x 300 B, no checkpoint",
+               "open + first request 80 x 300 B from a checkpoint", "open+replay 10 x 4096 B, no checkpoint",
+               "resume 80 x 300 B: reference module", "resume 80 x 300 B: sqlite3"],
+    "request": ["unchanged 20 x 300 B: reference / ours", "after one new message 20 x 300 B: reference / ours",
+                "after one new message: 20 / 10 messages"],
+    "tokens": ["token count, 12 agent-mix messages", "token count again", "tokenizer throughput"],
+    "import": ["import context_persistent", "tokenizer encodings loaded by the import", "first tokenizer load"],
+}
+
+
+@pytest.mark.slow
+def test_tiny_run_produces_every_row_and_the_json(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A tiny full run exits 0, prints the table, and writes a JSON file holding every expected row."""
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "benchmarks.run", "--quiet", "--rounds", "2", "--json", str(out)]
+    args += [a for size in TINY for a in ("--size", size)]
+    proc = subprocess.run(args, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {k: v["status"] for k, v in result["plugins"].items()} == {f"bench_{k}": "ok" for k in EXPECTED}
+    names = [r["name"] for r in result["rows"]]
+    for group, wanted in EXPECTED.items():
+        for prefix in wanted:
+            assert any(n.startswith(prefix) for n in names), f"{group}: no row starting {prefix!r} in {names}"
+    for row in result["rows"]:
+        assert row["ours"] is not None and math.isfinite(row["ours"]), row
+        if row["target"] is not None:
+            assert row["ok"] in (True, False), row
+    assert "targets met" in proc.stdout and "ratio" in proc.stdout
+    assert result["machine"]["nproc"] >= 1 and result["sizes"]["append_n"] == 5
+
+
+def test_plugins_are_discovered_by_name() -> None:
+    """Every benchmarks/bench_*.py module is a plug-in, found in name order."""
+    found = plugins()
+    assert found == sorted(found)
+    assert {f"bench_{k}" for k in EXPECTED} <= set(found)
+
+
+def test_bad_arguments_exit_2(subprocess_env: dict[str, str]) -> None:
+    """An unknown plug-in or a malformed --size is a usage error (exit 2) that names what is allowed."""
+    for args, fragment in ((["--only", "nope"], "available:"), (["--size", "x"], "key=value")):
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=ROOT, env=subprocess_env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr
+
+
+def test_compare_takes_ratios_round_by_round() -> None:
+    """compare() reports the median per-round ratio, its spread, and checks the target both ways."""
+    row = compare("g", "n", [2.0, 4.0, 3.0], [1.0, 2.0, 1.0], unit="s", ref_name="r", target="<= 2.5")
+    assert row.ratio == 2.0 and row.ok is True and row.spread == pytest.approx(0.5)
+    inv = compare("g", "n", [1.0], [5.0], unit="s", ref_name="r", target=">= 10", invert=True)
+    assert inv.ratio == 5.0 and inv.ok is False and inv.spread is None
+    assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile(list(range(1, 101)), 99) == 99
+
+
+def test_workloads_have_the_stated_shape(tmp_path: Path) -> None:
+    """Sized messages are exactly that many JSON bytes; the agent mix pairs every tool result with its call."""
+    import orjson
+
+    for size in (300, 4096):
+        assert len(orjson.dumps(sized_message(size))) == size
+    msgs = agent_mix(300)
+    assert msgs[0]["role"] == "system" and len(msgs) == 300
+    calls = {c["id"] for m in msgs if m.get("tool_calls") for c in m["tool_calls"]}
+    assert all(m["tool_call_id"] in calls for m in msgs if m["role"] == "tool")
+    ref = ReferenceReRead(write_reference(tmp_path / "ref.jsonl", msgs[:5]))
+    assert [{k: v for k, v in m.items() if k != "timestamp"} for m in ref.get_messages_for_request()] == msgs[:5]
