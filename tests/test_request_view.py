@@ -192,3 +192,23 @@ async def test_pinned_view_error_cases(storage: Path) -> None:
             await s.pin(3)
         with pytest.raises(ValueError, match="not a message_added event"):
             await s.pin(seq=1)
+
+
+async def test_export_on_compact_is_bounded(storage: Path) -> None:
+    """export_on_compact snapshots the reasoning view when compaction drops content, at most once per N events."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="x", max_tokens=600,
+                                                   export_on_compact=True, export_on_compact_every=5) as s:
+        await _seed_contract_example(s)
+        await s.get_messages_for_request()
+        folder = storage / "x"
+        first = sorted(folder.glob("compaction-*.jsonl"))
+        assert len(first) == 1
+        body = first[0].read_text()
+        assert "call_123" in body and "File contents" in body  # the full reasoning view, tool output whole
+        await s.add_message({"role": "user", "content": "a"})
+        await s.get_messages_for_request()
+        assert len(sorted(folder.glob("compaction-*.jsonl"))) == 1  # fewer than 5 new events
+        for i in range(5):
+            await s.add_message({"role": "user", "content": f"b{i}"})
+        await s.get_messages_for_request()
+        assert len(sorted(folder.glob("compaction-*.jsonl"))) == 2
