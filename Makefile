@@ -37,7 +37,7 @@ soak: $(STAMP)
 	CP_SOAK_KILLS=$${CP_SOAK_KILLS:-2000} $(PY) -m pytest -q -m slow tests/test_crash_loop.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy context_persistent
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

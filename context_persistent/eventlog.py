@@ -21,6 +21,8 @@ class EventLog(Protocol):
     existed: bool
     #: Highest seq known to be in the log (after reading or appending).
     last_seq: int
+    #: Where the log lives, for messages: a Path for files, a description (DSN without password) otherwise.
+    path: Any
 
     def read_batches(self, after_seq: int = 0, position: int | None = None,
                      batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:

@@ -218,8 +218,8 @@ class PersistentContextManager:
             self._replay = ReplayRecogniser(state.messages)
             if not self._replay.active:
                 self._replay = None
-        torn = getattr(log, "torn", None)
-        if torn is not None:
+        torn = log.torn if isinstance(log, FileEventLog) else None  # only files can tear
+        if isinstance(log, FileEventLog) and torn is not None:
             if self._readonly:
                 logger.info("%s: ignoring an incomplete last record at byte %d (a writer may be appending)",
                             log.path, torn.offset)
@@ -254,7 +254,8 @@ class PersistentContextManager:
         return self._loaded_from_file
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Any:
+        """Where the log lives: ``<storage>/<session>/events.jsonl`` for files, a description for PostgreSQL."""
         return self._log.path
 
     @property

@@ -38,7 +38,8 @@ def _message_text_parts(message: dict[str, Any]) -> list[str]:
         parts.append(orjson.dumps(content).decode())
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):
-            fn = call.get("function") if isinstance(call.get("function"), dict) else call
+            inner = call.get("function")
+            fn: dict[str, Any] = inner if isinstance(inner, dict) else call
             parts.append(str(fn.get("name", "")))
             args = fn.get("arguments", fn.get("input", ""))
             parts.append(args if isinstance(args, str) else orjson.dumps(args).decode())

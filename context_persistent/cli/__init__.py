@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..errors import ContextPersistentError
 
@@ -67,7 +68,7 @@ def backend_of(args: argparse.Namespace) -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # exit code 2 with one line, as argparse does, but our format
+    def error(self, message: str) -> NoReturn:  # exit code 2 with one line, as argparse does, but our format
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
