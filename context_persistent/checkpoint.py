@@ -97,8 +97,8 @@ def encode(*, session_id: str, seq: int, position: int | None, first_crc: str | 
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
         "last_crc": last_crc, "tokenizer": tokenizer, "state_bytes": len(state_json),
     })
-    body = b"".join((header, b"\n", state_json, b"\n"))
-    return body + b"%08x\n" % zlib.crc32(body)
+    crc = zlib.crc32(b"\n", zlib.crc32(state_json, zlib.crc32(header + b"\n")))
+    return b"".join((header, b"\n", state_json, b"\n", b"%08x\n" % crc))  # one copy of the state
 
 
 def decode(data: bytes) -> Checkpoint:
@@ -246,6 +246,10 @@ async def first_record_crc(log: Any) -> str | None:
     return None
 
 
+def _counted(state: Projection) -> int:
+    return len(state.tokens) - state.tokens.count(None)
+
+
 # -- when (used by the manager) -----------------------------------------------------------------------
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
@@ -264,6 +268,7 @@ class Checkpointer:
         self.loaded_seq = 0
         self.ignored: str | None = None
         self.first_crc: str | None = None
+        self.counted = 0  # messages with a token count in the stored checkpoint
         self._task: asyncio.Future[None] | None = None
 
     # -- loading --------------------------------------------------------------------------------------
@@ -278,6 +283,7 @@ class Checkpointer:
             return await self._replay(log, Projection(), 0, None)
         self.seq = self.loaded_seq = cp.seq
         self.first_crc = cp.first_crc
+        self.counted = _counted(state)
         logger.debug("session %s: resumed from the checkpoint at seq %d, replayed %d newer events",
                      self.session_id, cp.seq, tail.head_seq - cp.seq)
         return tail
@@ -346,27 +352,30 @@ class Checkpointer:
         self._task = asyncio.ensure_future(self._write(*self._prepare(state, log, tokenizer), log))
 
     async def close(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
-        """Wait for a write in flight, then write a final checkpoint if enough events are not covered."""
+        """Wait for a write in flight, then write a final checkpoint if enough events (or token counts) are
+        not covered yet."""
         if self._task is not None:
             await asyncio.shield(self._task)
-        if (self.writable and self.store is not None and state.head_seq > 0
-                and state.head_seq - self.seq >= min(self.every, CLOSE_MIN_EVENTS)):
+        if not self.writable or self.store is None or state.head_seq == 0:
+            return
+        enough = min(self.every, CLOSE_MIN_EVENTS)
+        if state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough:
             await self._write(*self._prepare(state, log, tokenizer), log)
 
     def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]
-                 ) -> tuple[int, int | None, str | None, str | None, bytes]:
-        """What must be read from the live state now: seq, position, tokenizer, last crc, state JSON."""
-        counted = any(t is not None for t in state.tokens)
+                 ) -> tuple[int, int | None, str | None, str | None, bytes, int]:
+        """What must be read from the live state now: seq, position, tokenizer, last crc, state JSON, counts."""
+        counted = _counted(state)
         last = getattr(log, "record_before", None)
         position = log.position
         last_crc = None
         if last is not None:
             rec = last(position)
             last_crc = rec.get("crc") if rec is not None and rec["seq"] == state.head_seq else None
-        return state.head_seq, position, tokenizer() if counted else None, last_crc, snapshot(state)
+        return state.head_seq, position, tokenizer() if counted else None, last_crc, snapshot(state), counted
 
     async def _write(self, seq: int, position: int | None, tokenizer: str | None, last_crc: str | None,
-                     state_json: bytes, log: Any) -> None:
+                     state_json: bytes, counted: int, log: Any) -> None:
         store = self.store
         assert store is not None
         try:
@@ -378,6 +387,7 @@ class Checkpointer:
             payload = await asyncio.to_thread(framing) if len(state_json) >= _THREAD_MIN else framing()
             await store.save(payload, seq)
             self.seq = max(self.seq, seq)
+            self.counted = counted
             logger.debug("session %s: checkpoint written at seq %d (%d bytes)", self.session_id, seq, len(payload))
         except Exception as e:  # a checkpoint is a cache: never let it break the store
             logger.warning("session %s: could not write a checkpoint at seq %d (%s); the log is unaffected "

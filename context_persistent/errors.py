@@ -55,6 +55,21 @@ class LogCorruptedError(ContextPersistentError):
         )
 
 
+class InvalidRecordError(LogCorruptedError):
+    """A record passed its checksum but its data does not have the shape its event type needs."""
+
+    def __init__(self, seq: object, type_: object, reason: str, path: str = "") -> None:
+        self.seq = seq
+        self.type = type_
+        ContextPersistentError.__init__(self)
+        self.path, self.line, self.offset, self.reason = path, 0, -1, reason
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return (f"{where}record seq {self.seq} ({self.type}) passed its checksum but cannot be applied: "
+                f"{self.reason}; nothing was loaded. Run `context-persistent verify` for a report")
+
+
 class UnsupportedFormatError(ContextPersistentError):
     """The log was written by a newer, incompatible format version."""
 

@@ -16,10 +16,11 @@ PINNED: Final = "pinned"
 UNPINNED: Final = "unpinned"
 REDACTED: Final = "redacted"
 REPLAY_RECOGNISED: Final = "replay_recognised"
+LOG_REPAIRED: Final = "log_repaired"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED}
+     REPLAY_RECOGNISED, LOG_REPAIRED}
 )
 #: Events that change the message history (a log holding any of them "has history").
 HISTORY_EVENTS: Final = frozenset({MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED})

@@ -86,17 +86,16 @@ class _Cursor:
                 return [], True
             return [], False  # a record being written: wait for its newline
         self._limit = _READ_LIMIT
-        out = self._parse(memoryview(data)[:end], at_eof=self.offset + end >= st.st_size)
+        out = self._parse(data, end, at_eof=self.offset + end >= st.st_size)
         return out, len(data) < want
 
-    def _parse(self, data: memoryview, at_eof: bool) -> list[dict[str, Any]]:
+    def _parse(self, data: bytes, n: int, at_eof: bool) -> list[dict[str, Any]]:
+        """Records in ``data[:n]`` (whole lines); stops before a bad last line when it ends the file."""
         out: list[dict[str, Any]] = []
         pos = 0
-        n = len(data)
         decode = codec.decode
-        raw = data.obj  # the bytes behind the view, for .find
         while pos < n:
-            nl = raw.find(b"\n", pos, n)  # type: ignore[union-attr]
+            nl = data.find(b"\n", pos, n)
             line = data[pos:nl + 1]
             try:
                 rec = decode(line)

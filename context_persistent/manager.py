@@ -17,7 +17,7 @@ from . import events as ev
 from .budget import resolve_budget
 from .compaction import CompactionConfig, RequestView, build_request_view
 from .checkpoint import Checkpointer, checkpoint_store_for
-from .errors import ReadOnlyError, StoreClosedError
+from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
@@ -201,6 +201,9 @@ class PersistentContextManager:
         gc.disable()
         try:
             self._state = await self._checkpoints.load(self._log, self._tokenizer_name)
+        except InvalidRecordError as e:
+            e.path = str(self._log.path)
+            raise
         finally:
             if gc_was_enabled:
                 gc.enable()

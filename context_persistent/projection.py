@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import events as ev
+from .errors import InvalidRecordError
 
 INDEX_BITS = 20
 MAX_BATCH = 1 << INDEX_BITS  # messages one messages_replaced event may hold
@@ -51,18 +52,30 @@ class Projection:
         self.counted_version = -1
 
     def apply(self, rec: dict[str, Any]) -> None:
+        """Fold one record into the state; InvalidRecordError if its data lacks what its type needs."""
+        try:
+            self._apply(rec)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+            raise InvalidRecordError(rec.get("seq"), rec.get("type"), f"{type(e).__name__}: {e}") from None
+
+    def _apply(self, rec: dict[str, Any]) -> None:
         seq = rec["seq"]
         kind = rec["type"]
         data = rec["data"]
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.head_seq = seq
         if kind == ev.MESSAGE_ADDED:
-            self.messages.append(data["message"])
+            message = data["message"]
+            if type(message) is not dict:
+                raise TypeError(f"data.message is {type(message).__name__}, not a message object")
+            self.messages.append(message)
             self.keys.append(seq << INDEX_BITS)
             self.tokens.append(None)
             self.has_history = True
         elif kind == ev.MESSAGES_REPLACED:
             msgs = data["messages"]
+            if type(msgs) is not list or any(type(m) is not dict for m in msgs):
+                raise TypeError("data.messages is not a list of message objects")
             self.messages = list(msgs)
             self.keys = [make_key(seq, i) for i in range(len(msgs))]
             self.tokens = [None] * len(msgs)

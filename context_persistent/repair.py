@@ -255,7 +255,7 @@ def _normal(state: dict[str, Any]) -> Any:
     return out
 
 
-def _check_checkpoint(directory: Path, session_id: str, path: Path, size: int
+def _check_checkpoint(directory: Path, session_id: str
                       ) -> tuple[dict[str, Any], Callable[[dict[str, Any], int, Projection | None], None], Callable[[_Walk], None]]:
     """The checkpoint status, filled in during the walk (``on_record``) and after it (``finish``)."""
     status: dict[str, Any] = {"status": "missing", "ok": True}
@@ -306,7 +306,7 @@ def verify(directory: Path, session_id: str) -> Report:
     """Read the whole log (never taking the lock) and report every problem; see the module docstring."""
     path = _log_path(directory, session_id)
     size = path.stat().st_size  # a writer may append meanwhile: we check what was there when we started
-    status, on_record, finish = _check_checkpoint(directory, session_id, path, size)
+    status, on_record, finish = _check_checkpoint(directory, session_id)
     walk = _Walk(path, size, fold=True, on_record=on_record).run()
     finish(walk)
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
@@ -389,7 +389,7 @@ def repair(directory: Path, session_id: str) -> RepairResult:
 
 def _repair_locked(directory: Path, session_id: str, path: Path) -> RepairResult:
     size = path.stat().st_size
-    status, on_record, finish = _check_checkpoint(directory, session_id, path, size)
+    status, on_record, finish = _check_checkpoint(directory, session_id)
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
     try:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiofiles
+import aiofiles  # type: ignore[import-untyped]
 import orjson
 
 from . import codec
@@ -261,7 +261,7 @@ async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: s
 
     log = await open_log(storage_path, session_id, config)
     try:
-        if log.existed or log.last_seq:
+        if log.last_seq:  # a row without events is an earlier creation that failed: reuse it
             raise SessionExistsError(f"session {session_id!r} already exists; choose another session id")
         await log.append(lines, 1)
     finally:

@@ -28,7 +28,7 @@ from context_persistent import PersistentContextManager
 
 
 def message(i: int, big: bool = False) -> dict[str, str]:
-    return {"role": "user", "content": f"m{i}:" + ("x" * 300_000 if big else "y" * (i % 97))}
+    return {"role": "user", "content": f"m{i}:" + ("x" * 100_000 if big else "y" * (i % 97))}
 
 
 def _say(text: str) -> None:

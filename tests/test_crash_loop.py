@@ -90,7 +90,7 @@ async def _reopen(storage: Path, session: str) -> tuple[list[int], dict[str, Any
         numbers = [int(m["content"][1:].split(":")[0]) for m in await store.get_messages()]
         state = orjson.loads(orjson.dumps(store._state.to_state()))
         state.pop("tokens")
-        return numbers, state, store.stats()["checkpoint"]
+        return numbers, state, {"loaded_seq": store._checkpoints.loaded_seq}
     finally:
         await store.close()
 

@@ -281,15 +281,15 @@ async def test_checkpoints_are_stored_in_the_database_and_used(pg_config: dict[s
         for i in range(35):
             await s.add_message({"role": "user", "content": str(i)})
         expected = await s.get_messages()
-    rows = await execute(pg_config["dsn"], f"SELECT seq FROM {pg_config['pg_schema']}.checkpoints "
-                                           "WHERE session_id = $1", sid)
-    assert rows and rows[0]["seq"] >= 30
-    assert not any(tmp_path.iterdir())  # nothing went to the file system
     for readonly in (False, True):
+        rows = await execute(pg_config["dsn"], f"SELECT seq FROM {pg_config['pg_schema']}.checkpoints "
+                                               "WHERE session_id = $1", sid)
+        assert rows and rows[0]["seq"] >= 30
         async with await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, readonly=readonly,
                                                        **cfg) as s:
             assert s.stats()["checkpoint"]["loaded_seq"] == rows[0]["seq"]
             assert await s.get_messages() == expected
+    assert not any(tmp_path.iterdir())  # nothing went to the file system
 
 
 async def test_a_corrupt_database_checkpoint_is_ignored_and_removed(pg_config: dict[str, Any], sid: str,

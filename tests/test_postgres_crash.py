@@ -6,7 +6,6 @@ Worker processes (postgres_worker.py) stand in for agent workers on other machin
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys

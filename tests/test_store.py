@@ -263,3 +263,21 @@ async def test_token_count_and_stats(storage: Path) -> None:
         await s.add_message({"role": "user", "content": "x" * 40})
         assert await s.get_token_count() == 10 + 4
         assert s.stats()["tokenizer"] == "chars/4"
+
+
+@pytest.mark.parametrize("data", [{}, {"message": "not an object"}, {"message": None}])
+async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, data: dict) -> None:
+    """A record whose checksum is fine but whose data cannot be applied raises LogCorruptedError naming it."""
+    from context_persistent import LogCorruptedError
+    from context_persistent.codec import encode_event
+
+    async with await open_store(storage) as s:
+        await s.add_message({"role": "user", "content": "ok"})
+    log = storage / "s" / "events.jsonl"
+    before = log.read_bytes()
+    with log.open("ab") as f:
+        f.write(encode_event(3, "message_added", data))
+    with pytest.raises(LogCorruptedError, match=r"record seq 3 \(message_added\) passed its checksum") as info:
+        await open_store(storage)
+    assert str(log) in str(info.value)
+    assert log.read_bytes()[: len(before)] == before

@@ -28,6 +28,7 @@ EPILOG = """examples:
   context-persistent export my-session backup.jsonl
   context-persistent import transcript.jsonl migrated-session
   context-persistent fork my-session try-2 --at 40
+  context-persistent verify my-session         check every record; exit 1 with a report if anything is wrong
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
   context-persistent --help                    this help; every command has its own --help with examples
 

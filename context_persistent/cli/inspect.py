@@ -129,15 +129,23 @@ def _last_ts(log_path: Path) -> str | None:
     return None
 
 
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else (str(value) if value else None)
+
+
 async def _ls(args: argparse.Namespace) -> int:
     from ..paths import LOG_NAME
 
     rows: list[dict[str, Any]] = []
     problem = False
+    ids: list[tuple[str, Path | None]]
+    updated: dict[str, Any] = {}
     if backend_of(args):
         from .. import pg
 
-        ids = [(r["session_id"], None) for r in await pg.list_sessions(args.dsn)]
+        listed = await pg.list_sessions(args.dsn)
+        ids = [(r["session_id"], None) for r in listed]
+        updated = {r["session_id"]: r.get("updated_at") for r in listed}
     else:
         root = Path(storage_of(args))
         ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
@@ -148,15 +156,20 @@ async def _ls(args: argparse.Namespace) -> int:
             async with await _open(args, sid) as store:  # no token counting here: ls stays fast
                 row.update(messages=len(store._state.messages), events=store.head_seq,
                            bytes=getattr(store._log, "size", None),
-                           last_activity=_last_ts(log_path) if log_path else None)
+                           last_activity=_last_ts(log_path) if log_path else _iso(updated.get(sid)))
         except Exception as e:  # one unreadable session must not hide the others
             problem = True
             row["error"] = str(e)
         rows.append(row)
+    where = storage_of(args)
+    if backend_of(args):
+        from ..pg import redact_dsn
+
+        where = redact_dsn(args.dsn)
     if args.json:
-        print_json({"storage": storage_of(args), "sessions": rows})
+        print_json({"storage": where, "sessions": rows})
     elif not rows:
-        print(f"no sessions in {storage_of(args)}")
+        print(f"no sessions in {where}")
     else:
         print(table(["SESSION", "MESSAGES", "EVENTS", "SIZE", "LAST ACTIVITY"],
                     [[r["session_id"], r.get("messages", "-"), r.get("events", "-"), human_size(r.get("bytes")),
