@@ -100,8 +100,8 @@ class _Cursor:
             try:
                 rec = decode(line)
             except codec.RecordError as e:
-                if nl + 1 >= n and at_eof:
-                    break  # the last line may be a torn write the next writer will cut: wait
+                if at_eof and not _valid_record_after(data, pos, nl, n):
+                    break  # a torn tail (no valid record after it) that the next writer will cut: wait
                 raise LogCorruptedError(str(self.path), self.line, self.offset, str(e)) from None
             seq = rec["seq"]
             if seq <= self.last_seq:
@@ -127,6 +127,23 @@ class _Cursor:
             self.offset += len(line)
             self.line += 1
         return out
+
+
+def _valid_record_after(data: bytes, pos: int, nl: int, n: int) -> bool:
+    """Whether a valid record follows the bad line ``data[pos:nl]``, inside it (a lost newline merged two
+    records) or on a later line up to ``n``: then the bad bytes are corruption, not a torn tail (the rule
+    the log applies on open, docs/operations.md)."""
+    if any(rec is not None for _, _, rec, _ in codec.split_records(data[pos:nl])[1:]):
+        return True
+    start = nl + 1
+    while start < n:
+        end = data.find(b"\n", start, n)
+        try:
+            codec.decode(data[start:end + 1])
+            return True
+        except codec.RecordError:
+            start = end + 1
+    return False
 
 
 class _Watch:

@@ -253,3 +253,37 @@ async def test_second_process_writing_10000_events_through_a_sigkill_is_followed
     assert f.records[0]["type"] == "session_started"
     assert [r["data"]["message"]["content"] for r in f.records[1:]] == [f"m{i}" for i in range(10000)]
     assert list((storage / "live").glob("events.jsonl.torn-*"))  # the restarted writer kept the torn bytes
+
+
+async def test_follow_waits_on_a_multi_line_torn_tail(tmp_path) -> None:
+    """Several garbage lines at the end (a torn tail by the log's rule) make the follower wait, not fail;
+    a valid record after garbage is corruption."""
+    import asyncio
+
+    from context_persistent import LogCorruptedError, PersistentContextManager
+    from context_persistent.follow import follow_file
+
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="t") as s:
+        await s.add_message({"role": "user", "content": "a"})
+    log = tmp_path / "t" / "events.jsonl"
+    good = log.read_bytes()
+    log.write_bytes(good + b"garbage one\n\x00\x00\x00garbage two\n")
+    seen: list[int] = []
+
+    async def collect() -> None:
+        async for rec in follow_file(log, 0, poll_interval=0.05):
+            seen.append(rec["seq"])
+
+    task = asyncio.ensure_future(collect())
+    await asyncio.sleep(0.5)
+    assert not task.done() and seen == [1, 2]  # waiting at the torn tail
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    lines = good.splitlines(keepends=True)
+    log.write_bytes(lines[0] + b"garbage\n" + lines[1])
+    with pytest.raises(LogCorruptedError, match="line 2"):
+        async for _ in follow_file(log, 0, poll_interval=0.05):
+            pass
