@@ -153,8 +153,9 @@ class PersistentContextManager:
         """
         validate_session_id(session_id)
         cfg = cls.check_config(config)
+        storage_path = Path(storage_path).expanduser()
         log = await open_log(storage_path, session_id, cfg, readonly=readonly)
-        store = cls(storage_path=Path(storage_path), session_id=session_id, log=log, config=cfg, hooks=hooks)
+        store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
         try:
             await store._load()
         except BaseException:
