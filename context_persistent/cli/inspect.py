@@ -363,24 +363,23 @@ def _run(coro_fn: Any) -> Any:
     return lambda args: asyncio.run(coro_fn(args))
 
 
-def _seq(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an event seq (an integer >= 1), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an event seq (an integer >= 1), got {value}")
-    return value
+def _whole_number(what: str) -> Any:
+    """An argparse type: an integer >= 1, with ``what`` named in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected {what} (an integer >= 1), got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_seq = _whole_number("an event seq")
+_positive = _whole_number("a positive integer")
 
 
 def _seconds(text: str) -> float:
