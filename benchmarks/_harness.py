@@ -173,11 +173,11 @@ def _fs_type(path: str) -> str:
 def run_child(code: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter (this checkout importable); it must print one JSON object last.
 
-    The child's peak RSS (``ru_maxrss``) is added as ``maxrss_kb`` unless the child reported its own.
+    ``code`` may call ``peak_rss_kb()``; end it with :data:`CHILD_REPORT` to add ``maxrss_kb`` to the result.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD_PRELUDE + code, *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=str(ROOT))
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -185,10 +185,22 @@ def run_child(code: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     return out
 
 
+#: Prepended to child programs: ``peak_rss_kb()`` is this process's peak RSS. Not ``ru_maxrss``: Linux carries
+#: the parent's high-water mark across fork + exec, so a small child of a big runner would report the runner's.
+CHILD_PRELUDE = """
+def peak_rss_kb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+
 #: Appended to child programs: prints the result dict with the peak RSS of this process.
 CHILD_REPORT = """
-import json as _j, resource as _r
-result["maxrss_kb"] = _r.getrusage(_r.RUSAGE_SELF).ru_maxrss
+import json as _j
+result["maxrss_kb"] = peak_rss_kb()
 print(_j.dumps(result))
 """
 

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._harness import compare, percentile
-from benchmarks.peers import ReferenceReRead
-from benchmarks.run import plugins
-from benchmarks.workloads import agent_mix, sized_message, write_reference
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the benchmarks package lives at the repo root, outside the installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import compare, percentile  # noqa: E402
+from benchmarks.peers import ReferenceReRead  # noqa: E402
+from benchmarks.run import plugins  # noqa: E402
+from benchmarks.workloads import agent_mix, sized_message, write_reference  # noqa: E402
 
 TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
-        "replay_4k=10", "replay_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
+        "replay_4k=10", "replay_rounds=1", "replay_large_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
         "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1"]
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.

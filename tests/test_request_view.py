@@ -119,6 +119,9 @@ async def test_view_is_cached_until_log_or_budget_changes(storage: Path, monkeyp
         assert calls == 1 and counted == n_first
         await s.add_message({"role": "user", "content": "one more"})
         await s.get_messages_for_request()
+        assert calls == 1  # a small append below the threshold extends the view (test_incremental_view.py)
+        await s.add_message({"role": "user", "content": "much more " * 200})
+        await s.get_messages_for_request()
         assert calls == 2
         # Only the new message and what compaction itself creates (placeholders, markers) are counted: the
         # 54 stored messages are not re-tokenised.
@@ -208,7 +211,9 @@ async def test_export_on_compact_is_bounded(storage: Path) -> None:
         await s.add_message({"role": "user", "content": "a"})
         await s.get_messages_for_request()
         assert len(sorted(folder.glob("compaction-*.jsonl"))) == 1  # fewer than 5 new events
-        for i in range(5):
-            await s.add_message({"role": "user", "content": f"b{i}"})
-        await s.get_messages_for_request()
-        assert len(sorted(folder.glob("compaction-*.jsonl"))) == 2
+        for i in range(30):
+            await s.add_message({"role": "user", "content": f"b{i} " + "filler " * 40})
+            await s.get_messages_for_request()
+        seqs = [int(p.stem.split("-")[1]) for p in sorted(folder.glob("compaction-*.jsonl"))]
+        assert len(seqs) >= 2
+        assert all(b - a >= 5 for a, b in zip(seqs, seqs[1:]))  # never more than one per 5 new events
