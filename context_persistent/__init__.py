@@ -24,7 +24,15 @@ from .errors import (
 )
 from .manager import PersistentContextManager
 from .mount import mount
-from .snapshot import import_
+
+
+def __getattr__(name: str) -> object:
+    # import_ pulls in the snapshot machinery (aiofiles and the formats): load it on first use.
+    if name == "import_":
+        from .snapshot import import_
+
+        return import_
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

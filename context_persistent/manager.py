@@ -8,16 +8,13 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import codec
 from . import events as ev
 from .budget import resolve_budget
-from .compaction import CompactionConfig, RequestView, build_request_view
-from .compaction.incremental import Anchor, anchor, extend
-from .checkpoint import Checkpointer, checkpoint_store_for
 from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
@@ -26,6 +23,10 @@ from .replay import COMPLETE, HELD, ReplayRecogniser
 from .projection import MAX_BATCH, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, TokenCounter
 from .views import conversation_view, reasoning_view
+
+if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `import context_persistent` stays cheap
+    from .compaction import CompactionConfig, RequestView
+    from .compaction.incremental import Anchor
 
 logger = logging.getLogger("context_persistent")
 
@@ -145,6 +146,8 @@ class PersistentContextManager:
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
         #: Checkpoints (checkpoint.py): resume from one at open, write one every checkpoint_every events.
+        from .checkpoint import Checkpointer, checkpoint_store_for
+
         self._checkpoints = Checkpointer(checkpoint_store_for(log), session_id, config["checkpoint_every"],
                                          writable=not log.readonly)
 
@@ -187,6 +190,8 @@ class PersistentContextManager:
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
+        from .compaction import CompactionConfig
+
         cfg["compaction"] = CompactionConfig.from_config(config)
         if cfg["dsn"] is not None and "backend" not in config:
             cfg["backend"] = "postgres"  # a dsn alone selects the postgres backend
@@ -207,7 +212,9 @@ class PersistentContextManager:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self._state = await self._checkpoints.load(self._log, self._tokenizer_name)
+            # Compare with the *requested* tokenizer: asking the counter for its name would load the encoding
+            # (~0.1-0.3 s) on every open; _token_counts checks the loaded one on first use.
+            self._state = await self._checkpoints.load(self._log, lambda: self._counter.requested)
         except InvalidRecordError as e:
             e.path = str(self._log.path)
             raise
@@ -456,7 +463,11 @@ class PersistentContextManager:
         """
         state = self._state
         tokens = state.tokens
-        if state.counted_version != state.version:  # skips all of this on an unchanged history
+        if state.counted_version != state.version or self._count_hint[2] is None:
+            if self._count_hint[2] is None and self._counter.name != self._counter.requested:
+                # The requested encoding did not load (estimator instead): counts restored from a checkpoint
+                # were made with the real encoding, so count everything again with the active counter.
+                tokens[:] = [None] * len(tokens)
             hint = self._count_hint
             start = hint[1] if hint[0] == self._epoch and hint[2] is tokens and hint[1] <= len(tokens) else 0
             try:
@@ -498,6 +509,9 @@ class PersistentContextManager:
         return list(view.messages)
 
     async def _request_view(self, budget: int, source: str) -> RequestView:
+        from . import compaction
+        from .compaction.incremental import anchor, extend
+
         state = self._state
         version = state.version
         cached = self._view_cache
@@ -522,11 +536,12 @@ class PersistentContextManager:
         over = cfg.auto_compact and total >= cfg.compact_threshold * budget
         if over:
             await self._emit(EVENT_PRE_COMPACT, dict(event_base))
-        built = await build_request_view(messages, tokens, pinned, budget, cfg, self._counter.count_message)
+        built = await compaction.build_request_view(messages, tokens, pinned, budget, cfg,
+                                                    self._counter.count_message)
         stats = {**built.stats, "budget_source": source}
         # The view's dicts share nested values with the history: copy once per change, so nothing a caller does
         # to a request view can reach the stored history.
-        view = RequestView(_copy(built.messages), built.token_count, built.compacted, stats)
+        view = compaction.RequestView(_copy(built.messages), built.token_count, built.compacted, stats)
         base = anchor(view, messages, tokens, cfg, self._counter.count_message)
         self._view_cache = (version, budget, self._epoch, base, view)
         if stats.get("warning"):

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import context_persistent.manager as manager_mod
+import context_persistent.compaction as manager_mod
 from context_persistent import PersistentContextManager
 from context_persistent.compaction import CompactionConfig, _request, build_request_view
 from context_persistent.compaction.invariants import check_view

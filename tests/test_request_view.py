@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import context_persistent.manager as manager_mod
+import context_persistent.compaction as manager_mod
 from context_persistent import PersistentContextManager
 
 
