@@ -31,8 +31,10 @@ def _line(msg: dict[str, Any], seq: int = 2) -> bytes:
 
 
 # -- ours -------------------------------------------------------------------------------------------
-async def _ours_latencies(storage: Path, msg: dict[str, Any], n: int, fsync: str) -> list[float]:
-    store = await PersistentContextManager.open(storage_path=storage, session_id="lat", fsync=fsync)
+async def add_latencies(storage: Path, msg: dict[str, Any], n: int, *, session_id: str = "lat",
+                        **config: Any) -> list[float]:
+    """Microseconds of each of ``n`` sequential ``add_message`` calls (after 10 warm-up calls)."""
+    store = await PersistentContextManager.open(storage_path=storage, session_id=session_id, **config)
     try:
         for _ in range(10):
             await store.add_message(msg)
@@ -189,7 +191,7 @@ def run(ctx: Ctx) -> list[Row]:
         ours, floor, peer, raw = [], [], [], []  # per-round sample lists
         for r in range(ctx.rounds):
             ctx.log(f"append {size} B fsync=always round {r + 1}/{ctx.rounds}")
-            ours.append(asyncio.run(_ours_latencies(ctx.tempdir("ours"), msg, n, "always")))
+            ours.append(asyncio.run(add_latencies(ctx.tempdir("ours"), msg, n, fsync="always")))
             floor.append(_floor_latencies(ctx.tempdir("floor"), line, n))
             if size == 300:
                 peer.append(asyncio.run(_sqlite_session_latencies(ctx.tempdir("peer"), msg, n)))

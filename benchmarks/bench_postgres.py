@@ -22,6 +22,7 @@ from typing import Any
 from context_persistent import PersistentContextManager, SessionLockedError
 
 from ._harness import ROOT, Ctx, Row, Skip, compare, info, percentile
+from .bench_append import add_latencies
 from .workloads import sized_message
 
 GROUP = "postgres"
@@ -61,20 +62,8 @@ async def _drop(dsn: str, schema: str) -> None:
 
 
 async def _latencies(storage: Path, cfg: dict[str, Any], msg: dict[str, Any], n: int) -> list[float]:
-    store = await PersistentContextManager.open(storage_path=storage, session_id=f"lat-{uuid.uuid4().hex[:8]}",
-                                                recognise_replay=False, **cfg)
-    try:
-        for _ in range(10):
-            await store.add_message(msg)
-        pc = time.perf_counter_ns
-        out = []
-        for _ in range(n):
-            t = pc()
-            await store.add_message(msg)
-            out.append((pc() - t) / 1000)
-        return out
-    finally:
-        await store.close()
+    return await add_latencies(storage, msg, n, session_id=f"lat-{uuid.uuid4().hex[:8]}", recognise_replay=False,
+                               **cfg)
 
 
 async def _resume(storage: Path, cfg: dict[str, Any], msg: dict[str, Any], n: int) -> float:
