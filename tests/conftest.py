@@ -38,6 +38,26 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
 PYTHON = sys.executable
 
 
+class _Counter:
+    count = 0
+
+
+@pytest.fixture
+def rebuilds(monkeypatch: pytest.MonkeyPatch) -> _Counter:
+    """Counts the store's full request-view builds (calls of compaction.build_request_view)."""
+    import context_persistent.compaction as compaction
+
+    real = compaction.build_request_view
+    counter = _Counter()
+
+    async def spy(*args: object, **kwargs: object) -> object:
+        counter.count += 1
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compaction, "build_request_view", spy)
+    return counter
+
+
 _SKIP_GUARDED = ("test_amplifier_contract.py",)
 
 

@@ -10,7 +10,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import context_persistent.compaction as manager_mod
 from context_persistent import PersistentContextManager
 from context_persistent.compaction import CompactionConfig, _request, build_request_view
 from context_persistent.compaction.invariants import check_view
@@ -21,38 +20,26 @@ STRATEGIES = st.sampled_from(["smart", "simple", "head_tail"])
 
 
 async def _check(messages: list[dict], split: int, budget: int, strategy: str) -> None:
-    rebuilds = 0
-    real = manager_mod.build_request_view
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal rebuilds
-        rebuilds += 1
-        return await real(*args, **kwargs)
-
-    manager_mod.build_request_view = counting  # type: ignore[assignment]
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            async with await PersistentContextManager.open(
-                    storage_path=d, session_id="i", fsync="never", tokenizer="chars/4", compaction_strategy=strategy,
-                    recognise_replay=False, checkpoint_every=1_000_000) as s:
-                for m in messages[:split]:
-                    await s.add_message(m)
-                await s.get_messages_for_request(token_budget=budget)
-                for m in messages[split:]:
-                    await s.add_message(m)
-                    view = await s.get_messages_for_request(token_budget=budget)
-                    history = await s.get_messages()
-                    tokens = list(s._token_counts())
-                    config = CompactionConfig(strategy=strategy)
-                    count = s._counter.count_message
-                    fresh = await real(history, tokens, [False] * len(history), budget, config, count)
-                    if not fresh.compacted:
-                        assert view == fresh.messages
-                    request, _ = _request(history, tokens, [False] * len(history), budget, config, count)
-                    assert check_view(request, view, allow_truncated=request.protected_tokens > budget) == []
-                    assert sum(count(m) for m in view) <= budget or fresh.stats["warning"]
-    finally:
-        manager_mod.build_request_view = real  # type: ignore[assignment]
+    with tempfile.TemporaryDirectory() as d:
+        async with await PersistentContextManager.open(
+                storage_path=d, session_id="i", fsync="never", tokenizer="chars/4", compaction_strategy=strategy,
+                recognise_replay=False, checkpoint_every=1_000_000) as s:
+            for m in messages[:split]:
+                await s.add_message(m)
+            await s.get_messages_for_request(token_budget=budget)
+            for m in messages[split:]:
+                await s.add_message(m)
+                view = await s.get_messages_for_request(token_budget=budget)
+                history = await s.get_messages()
+                tokens = list(s._token_counts())
+                config = CompactionConfig(strategy=strategy)
+                count = s._counter.count_message
+                fresh = await build_request_view(history, tokens, [False] * len(history), budget, config, count)
+                if not fresh.compacted:
+                    assert view == fresh.messages
+                request, _ = _request(history, tokens, [False] * len(history), budget, config, count)
+                assert check_view(request, view, allow_truncated=request.protected_tokens > budget) == []
+                assert sum(count(m) for m in view) <= budget or fresh.stats["warning"]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -64,34 +51,22 @@ def test_extended_views_are_valid_and_exact_below_threshold(conv: tuple, cut: fl
     asyncio.run(_check(messages, int(len(messages) * cut), budget, strategy))
 
 
-async def test_a_new_message_does_not_rebuild(storage: Any) -> None:
+async def test_a_new_message_does_not_rebuild(storage: Any, rebuilds: Any) -> None:
     """Appending user/assistant/tool messages below the threshold extends the view; the prefix is reused."""
-    calls = 0
-    real = manager_mod.build_request_view
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return await real(*args, **kwargs)
-
-    manager_mod.build_request_view = counting  # type: ignore[assignment]
-    try:
-        async with await PersistentContextManager.open(storage_path=storage, session_id="n") as s:
-            await s.add_message({"role": "system", "content": "S"})
-            for i in range(200):
-                await s.add_message({"role": "user", "content": f"q{i}"})
-                await s.add_message({"role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
-                await s.add_message({"role": "tool", "tool_call_id": f"c{i}", "content": f"r{i}"})
-                await s.add_message({"role": "assistant", "content": f"a{i}"})
-                view = await s.get_messages_for_request()
-                assert view == await s.get_messages()
-            assert calls == 1
-            await s.pin(3)  # anything but an append forces a rebuild
-            await s.get_messages_for_request()
-            assert calls == 2
-    finally:
-        manager_mod.build_request_view = real  # type: ignore[assignment]
+    async with await PersistentContextManager.open(storage_path=storage, session_id="n") as s:
+        await s.add_message({"role": "system", "content": "S"})
+        for i in range(200):
+            await s.add_message({"role": "user", "content": f"q{i}"})
+            await s.add_message({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+            await s.add_message({"role": "tool", "tool_call_id": f"c{i}", "content": f"r{i}"})
+            await s.add_message({"role": "assistant", "content": f"a{i}"})
+            view = await s.get_messages_for_request()
+            assert view == await s.get_messages()
+        assert rebuilds.count == 1
+        await s.pin(3)  # anything but an append forces a rebuild
+        await s.get_messages_for_request()
+        assert rebuilds.count == 2
 
 
 async def test_extension_stops_at_the_threshold(storage: Any) -> None:

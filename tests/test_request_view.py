@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-import context_persistent.compaction as manager_mod
 from context_persistent import PersistentContextManager
 
 
@@ -90,17 +89,9 @@ async def test_orphans_repaired_in_every_view(storage: Path) -> None:
         assert len(await s.get_messages()) == 3
 
 
-async def test_view_is_cached_until_log_or_budget_changes(storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Repeated requests reuse the view; a new message or another budget rebuilds it; nothing re-tokenises."""
-    calls = 0
-    real = manager_mod.build_request_view
-
-    async def spy(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(manager_mod, "build_request_view", spy)
+async def test_view_is_cached_until_log_or_budget_changes(storage: Path, rebuilds: Any) -> None:
+    """Repeated requests reuse the view; a large new message or another budget rebuilds it; nothing
+    re-tokenises."""
     async with await PersistentContextManager.open(storage_path=storage, session_id="k", max_tokens=600) as s:
         await _seed_contract_example(s)
         counted = 0
@@ -116,19 +107,19 @@ async def test_view_is_cached_until_log_or_budget_changes(storage: Path, monkeyp
         n_first = counted
         for _ in range(5):
             assert await s.get_messages_for_request() == first
-        assert calls == 1 and counted == n_first
+        assert rebuilds.count == 1 and counted == n_first
         await s.add_message({"role": "user", "content": "one more"})
         await s.get_messages_for_request()
-        assert calls == 1  # a small append below the threshold extends the view (test_incremental_view.py)
+        assert rebuilds.count == 1  # a small append below the threshold extends the view (test_incremental_view.py)
         await s.add_message({"role": "user", "content": "much more " * 200})
         await s.get_messages_for_request()
-        assert calls == 2
+        assert rebuilds.count == 2
         # Only the new message and what compaction itself creates (placeholders, markers) are counted: the
         # 54 stored messages are not re-tokenised.
         history_len = len(await s.get_messages())
         assert counted - n_first < 10 < history_len
         await s.get_messages_for_request(token_budget=5000)
-        assert calls == 3
+        assert rebuilds.count == 3
 
 
 async def test_mutating_a_request_view_never_reaches_the_history(storage: Path) -> None:
