@@ -17,11 +17,14 @@ UNPINNED: Final = "unpinned"
 REDACTED: Final = "redacted"
 REPLAY_RECOGNISED: Final = "replay_recognised"
 LOG_REPAIRED: Final = "log_repaired"
+COMPACTED: Final = "compacted"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED}
 )
+#: Audit events: recorded for operators, they change no view.
+AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED})
 #: Events that change the message history (a log holding any of them "has history").
 HISTORY_EVENTS: Final = frozenset({MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED})
 

@@ -138,7 +138,8 @@ class PersistentContextManager:
         #: (projection version, budget, epoch, anchor, view): the request view is reused while neither version
         #: nor budget changes, and extended (compaction/incremental.py) while only messages were appended.
         self._view_cache: tuple[int, int, int, Anchor | None, RequestView] | None = None
-        #: Bumped by every applied event other than message_added (they can change the view anywhere).
+        #: Bumped by every applied event other than message_added and audit events (they can change the view
+        #: anywhere, so the request view must be rebuilt rather than extended).
         self._epoch = 0
         #: (epoch, n, token list): the first n counts of that list were complete at that epoch.
         self._count_hint: tuple[int, int, Any] = (-1, 0, None)
@@ -306,7 +307,7 @@ class PersistentContextManager:
             await self._log.append((codec.encode(seq, type_, data_json, ts),), seq)
             rec = {"seq": seq, "ts": ts, "type": type_, "data": data}
             self._state.apply(rec)
-            if type_ != ev.MESSAGE_ADDED:
+            if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
             self._after_append()
             return rec
@@ -336,7 +337,7 @@ class PersistentContextManager:
                     continue
                 for rec, (*_, fut) in zip(recs, batch):
                     self._state.apply(rec)
-                    if rec["type"] != ev.MESSAGE_ADDED:
+                    if rec["type"] != ev.MESSAGE_ADDED and rec["type"] not in ev.AUDIT_EVENTS:
                         self._epoch += 1
                     if not fut.done():
                         fut.set_result(rec)
@@ -555,8 +556,25 @@ class PersistentContextManager:
                 "before_messages": stats["before_messages"], "after_messages": stats["after_messages"],
                 "budget": budget, "budget_source": source, "strategy": stats.get("strategy_used") or cfg.strategy,
             })
+            await self._record_compaction(stats)
             await self._maybe_export_on_compact(stats)
         return view
+
+    async def _record_compaction(self, stats: dict[str, Any]) -> None:
+        """Append a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
+
+        Written only when a compaction changed the view; the hysteresis makes that rare. A failure to write it
+        is logged and never breaks the request.
+        """
+        if self._readonly or self._closed:
+            return
+        record = {k: stats.get(k) for k in (
+            "budget", "budget_source", "strategy_used", "before_tokens", "after_tokens", "before_messages",
+            "after_messages", "groups_dropped", "outputs_masked", "truncated", "summarized", "warning")}
+        try:
+            await self._commit(ev.COMPACTED, record)
+        except Exception as e:
+            logger.warning("session %s: could not record the compaction audit event: %s", self.session_id, e)
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most

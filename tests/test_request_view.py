@@ -208,3 +208,23 @@ async def test_export_on_compact_is_bounded(storage: Path) -> None:
         seqs = [int(p.stem.split("-")[1]) for p in sorted(folder.glob("compaction-*.jsonl"))]
         assert len(seqs) >= 2
         assert all(b - a >= 5 for a, b in zip(seqs, seqs[1:]))  # never more than one per 5 new events
+
+
+async def test_compaction_is_audited_in_the_log(storage: Path, rebuilds: Any) -> None:
+    """A compaction that changes the view appends one `compacted` audit record; the audit does not stop the
+    next small append from extending the view."""
+    from context_persistent.codec import decode
+
+    async with await PersistentContextManager.open(storage_path=storage, session_id="a", max_tokens=600) as s:
+        await _seed_contract_example(s)
+        view = await s.get_messages_for_request()
+        await s.get_messages_for_request()
+        await s.add_message({"role": "user", "content": "short"})
+        await s.get_messages_for_request()
+        assert rebuilds.count == 1
+    records = [decode(x) for x in (storage / "a" / "events.jsonl").read_bytes().splitlines()]
+    audits = [r for r in records if r["type"] == "compacted"]
+    assert len(audits) == 1
+    assert audits[0]["data"]["after_messages"] == len(view) and audits[0]["data"]["budget_source"] == "config"
+    async with await PersistentContextManager.open(storage_path=storage, session_id="a") as s:
+        assert len(await s.get_messages()) == 55  # audit records are not messages

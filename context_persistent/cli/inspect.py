@@ -230,6 +230,17 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
                                       "data": last["data"]}
 
 
+def _describe_compaction(rec: dict[str, Any]) -> str:
+    d = rec["data"] if isinstance(rec.get("data"), dict) else {}
+    text = f"seq {rec['seq']} at {short_time(rec['ts'])}"
+    if "before_tokens" in d:
+        text += (f": {d.get('strategy_used')}, {d['before_tokens']:,} -> {d.get('after_tokens', 0):,} tokens "
+                 f"at a {d.get('budget', 0):,}-token budget ({d.get('budget_source')}); "
+                 f"{d.get('outputs_masked', 0)} masked, {d.get('groups_dropped', 0)} groups dropped, "
+                 f"{d.get('truncated', 0)} truncated")
+    return text
+
+
 async def _stats(args: argparse.Namespace) -> int:
     async with await _open(args, args.session) as store:
         st = store.stats()
@@ -255,8 +266,7 @@ async def _stats(args: argparse.Namespace) -> int:
             ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
     rows += [[f"tokens: {k}", v] for k, v in views.items()]
     rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"])
-    rows.append(["last compaction", "none recorded" if compaction is None else
-                 f"seq {compaction['seq']} at {short_time(compaction['ts'])} ({compaction['type']})"])
+    rows.append(["last compaction", "none recorded" if compaction is None else _describe_compaction(compaction)])
     if session.get("parent"):
         rows.append(["forked from", f"{session['parent'].get('session_id')} at seq {session['parent'].get('seq')}"])
     if session.get("imported"):
