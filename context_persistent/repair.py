@@ -138,9 +138,10 @@ class _Walk:
     """One pass over a log: classifies every byte; ``keep`` receives the raw bytes of each kept record."""
 
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
-                 fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None
-                 ) -> None:
+                 fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.progress = progress
         self.state = Projection() if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
@@ -152,7 +153,10 @@ class _Walk:
         self.explained: set[tuple[int, int]] = set()
 
     def run(self) -> "_Walk":
+        progress = self.progress
         for n, offset, line in _lines(self.path, self.size):
+            if progress is not None and not n & 0xFFF:
+                progress(offset, self.size)
             if line[-1:] != b"\n":
                 self._bad(n, offset, line, "unterminated last record (no newline): a write cut short")
                 continue
@@ -302,12 +306,14 @@ def _check_checkpoint(directory: Path, session_id: str
     return status, on_record, finish
 
 
-def verify(directory: Path, session_id: str) -> Report:
-    """Read the whole log (never taking the lock) and report every problem; see the module docstring."""
+def verify(directory: Path, session_id: str, progress: Callable[[int, int], None] | None = None) -> Report:
+    """Read the whole log (never taking the lock) and report every problem; see the module docstring.
+
+    ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it)."""
     path = _log_path(directory, session_id)
     size = path.stat().st_size  # a writer may append meanwhile: we check what was there when we started
     status, on_record, finish = _check_checkpoint(directory, session_id)
-    walk = _Walk(path, size, fold=True, on_record=on_record).run()
+    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress).run()
     finish(walk)
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
@@ -377,23 +383,24 @@ def _write_quarantine(directory: Path, path: Path, size: int, bad: list[tuple[Pr
     return qpath
 
 
-def repair(directory: Path, session_id: str) -> RepairResult:
+def repair(directory: Path, session_id: str, progress: Callable[[int, int], None] | None = None) -> RepairResult:
     """Rebuild the log without its bad bytes, holding the writer lock (SessionLockedError if it is held)."""
     path = _log_path(directory, session_id)
     lock = FileLock(directory / LOCK_NAME, session_id)
     try:
-        return _repair_locked(directory, session_id, path)
+        return _repair_locked(directory, session_id, path, progress)
     finally:
         lock.release()
 
 
-def _repair_locked(directory: Path, session_id: str, path: Path) -> RepairResult:
+def _repair_locked(directory: Path, session_id: str, path: Path,
+                   progress: Callable[[int, int], None] | None = None) -> RepairResult:
     size = path.stat().st_size
     status, on_record, finish = _check_checkpoint(directory, session_id)
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
     try:
-        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record).run()
+        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress).run()
         finish(walk)
         fixable = [p for p, _ in walk.bad]
         unfixable = [p for p in walk.problems if p.kind == "unloadable"]

@@ -274,3 +274,19 @@ def test_progress_bar_only_on_a_terminal_and_only_for_long_work() -> None:
         bar.close()
     assert "importing x [###############" in tty.text and "100%" in tty.text and tty.text.endswith("\r")
     assert pipe.text == "" and quick.text == ""
+
+
+async def test_verify_and_repair_report_progress(tmp_path: Path) -> None:
+    """verify/repair call their progress callback with growing byte offsets (the CLI draws the bar from it)."""
+    from context_persistent import PersistentContextManager
+    from context_persistent.repair import repair, verify
+
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="big", fsync="never") as s:
+        for i in range(9000):
+            await s.add_message({"role": "user", "content": f"m{i}"})
+    size = (tmp_path / "big" / "events.jsonl").stat().st_size
+    for run in (verify, repair):
+        calls: list[tuple[int, int]] = []
+        run(tmp_path / "big", "big", progress=lambda done, total: calls.append((done, total)))
+        assert len(calls) >= 2 and all(total == size for _, total in calls)
+        assert [d for d, _ in calls] == sorted(d for d, _ in calls) and 0 < calls[-1][0] < size

@@ -17,6 +17,7 @@ import orjson
 from ..paths import session_dir
 from ..repair import Report, RepairResult, repair, verify
 from . import EXIT_OK, EXIT_PROBLEM, UsageError, storage_of
+from .transfer import Progress
 
 
 def _directory(args: argparse.Namespace) -> Any:
@@ -87,7 +88,11 @@ def format_repair(r: RepairResult) -> str:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    report = verify(_directory(args), args.session)
+    bar = Progress(f"verify {args.session}")
+    try:
+        report = verify(_directory(args), args.session, progress=bar)
+    finally:
+        bar.close()
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -96,7 +101,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_repair(args: argparse.Namespace) -> int:
-    result = repair(_directory(args), args.session)
+    bar = Progress(f"repair {args.session}")
+    try:
+        result = repair(_directory(args), args.session, progress=bar)
+    finally:
+        bar.close()
     if args.json:
         _print_json(result.to_dict())
     else:
