@@ -150,7 +150,12 @@ class Ctx:
 
 
 def scratch_parent() -> str | None:
-    """The temp folder if it is on the same device as the repo (fsync figures need a real disk), else the repo."""
+    """The temp folder if it is on the same device as the repo (fsync figures need a real disk), else the repo.
+
+    ``$CP_BENCH_SCRATCH`` overrides both (the harness tests point it into their own temporary folder)."""
+    forced = os.environ.get("CP_BENCH_SCRATCH")
+    if forced:
+        return forced
     tmp = tempfile.gettempdir()
     if os.stat(tmp).st_dev == os.stat(ROOT).st_dev and _fs_type(tmp) not in ("tmpfs", "ramfs"):
         return None

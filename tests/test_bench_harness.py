@@ -45,6 +45,7 @@ EXPECTED = {
 def test_tiny_run_produces_every_row_and_the_json(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """A tiny full run exits 0, prints the table, and writes a JSON file holding every expected row."""
     out = tmp_path / "bench.json"
+    subprocess_env = {**subprocess_env, "CP_BENCH_SCRATCH": str(tmp_path)}
     args = [sys.executable, "-m", "benchmarks.run", "--quiet", "--rounds", "2", "--json", str(out),
             "--only", ",".join(EXPECTED)]
     args += [a for size in TINY for a in ("--size", size)]
