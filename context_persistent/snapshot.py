@@ -223,8 +223,10 @@ def _target(storage_path: str | os.PathLike[str], session_id: str) -> Path:
 
 
 async def create_session(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
-                         config: dict[str, Any] | None = None) -> Path:
-    """Create a session holding exactly ``lines``, all or nothing; SessionExistsError if it exists."""
+                         config: dict[str, Any] | None = None) -> Path | str:
+    """Create a session holding exactly ``lines``, all or nothing; SessionExistsError if it exists.
+
+    Returns where the log lives: its path for files, a description for other backends."""
     if config and config.get("backend", "file") != "file":
         return await _create_in_backend(storage_path, session_id, lines, config)
     target = _target(storage_path, session_id)
@@ -255,8 +257,8 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
 
 
 async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
-                             config: dict[str, Any]) -> Path:
-    """Other backends: one append of every record (one transaction on PostgreSQL)."""
+                             config: dict[str, Any]) -> str:
+    """Other backends: one append of every record (one transaction on PostgreSQL); returns where it lives."""
     from .manager import open_log
 
     log = await open_log(storage_path, session_id, config)
@@ -266,7 +268,7 @@ async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: s
         await log.append(lines, 1)
     finally:
         await log.close()
-    return Path(str(getattr(log, "path", session_id)))
+    return str(log.path)  # a description (DSN, schema, session), not a filesystem path
 
 
 # -- import -----------------------------------------------------------------------------------------
