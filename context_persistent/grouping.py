@@ -110,7 +110,7 @@ def result_key(message: dict[str, Any]) -> str | None:
     return None
 
 
-def _has_result_blocks(message: dict[str, Any]) -> bool:
+def has_result_blocks(message: dict[str, Any]) -> bool:
     content = message.get("content")
     return (
         message.get("role") == "user"
@@ -234,7 +234,7 @@ def analyse(messages: Sequence[dict[str, Any]]) -> Analysis:
                 moved.append(answers)
             owner.items.append((m, i))
             continue
-        if _has_result_blocks(m):
+        if has_result_blocks(m):
             _attach_result_blocks(m, i, units, open_calls, dropped, moved)
             continue
         if m.get("role") == "assistant" and "tool_calls" in m and m["tool_calls"] == []:
@@ -315,7 +315,7 @@ def _add_placeholders(unit: _Unit) -> None:
     if not blocks:
         return
     for pos, (msg, src) in enumerate(unit.items):
-        if _has_result_blocks(msg):  # merge into the existing results message: one user turn, results first
+        if has_result_blocks(msg):  # merge into the existing results message: one user turn, results first
             content = list(msg["content"])
             last = max(j for j, b in enumerate(content) if result_block_id(b) is not None)
             unit.items[pos] = ({**msg, "content": content[: last + 1] + blocks + content[last + 1 :]}, src)

@@ -115,6 +115,10 @@ class PersistentContextManager:
     every view is rebuilt from those events. See docs/architecture.md.
     """
 
+    #: A rebuild of a history at least this long reads only the newest messages that can fit the budget
+    #: (plus what must be kept): compaction/window.py. Tests lower it.
+    WINDOW_MIN_MESSAGES = 4096
+
     def __init__(self, *, storage_path: Path, session_id: str, log: EventLog, config: dict[str, Any],
                  hooks: Any = None) -> None:
         self.storage_path = storage_path
@@ -485,6 +489,27 @@ class PersistentContextManager:
             state.counted_version = state.version
         return tokens  # type: ignore[return-value]
 
+    def _count_indices(self, indices: Any) -> list[int | None]:
+        """Count only the messages at ``indices`` (cached in the projection); the others stay as they are.
+
+        For rebuilds that must not tokenise the whole history (windowed rebuilds, view extensions).
+        """
+        state = self._state
+        tokens = state.tokens
+        if self._count_hint[2] is None and self._counter.name != self._counter.requested:
+            # Same rule as _token_counts: counts restored from a checkpoint were made with another encoding.
+            tokens[:] = [None] * len(tokens)
+            self._count_hint = (self._epoch, 0, tokens)
+        count = self._counter.count_message
+        msgs = state.messages
+        for i in indices:
+            if tokens[i] is None:
+                tokens[i] = count(msgs[i])
+        return tokens
+
+    def _count_one(self, i: int) -> int:
+        return self._count_indices((i,))[i]  # type: ignore[return-value]
+
     async def get_token_count(self) -> int:
         """Tokens of the full history under the active counter (see ``stats()['tokenizer']``)."""
         self._check_open()
@@ -521,29 +546,40 @@ class PersistentContextManager:
                 return cached[3].view if cached[3] is not None else cached[4]
             if cached[2] == self._epoch and cached[3] is not None:
                 # Only messages were appended since: extend the view unless it now needs compacting.
-                grown = extend(cached[3], state.messages, self._token_counts(), budget, self._compaction,
-                               self._counter.count_message, _copy)
+                # Only the tail (from the anchor's user turn) is read: count just that, not the history.
+                tokens_now = self._count_indices(range(cached[3].h, len(state.messages)))
+                grown = extend(cached[3], state.messages, tokens_now, budget,  # type: ignore[arg-type]
+                               self._compaction, self._counter.count_message, _copy)
                 if grown is not None:
                     self._view_cache = (version, budget, self._epoch, grown[1], grown[0])
                     return grown[0]
         cfg = self._compaction
         messages = state.messages
-        tokens = self._token_counts()
-        total = sum(tokens)
         pinned_keys = state.pinned
         pinned = [k in pinned_keys for k in state.keys] if pinned_keys else [False] * len(messages)
+        built, window, tokens, total = await self._build_windowed(messages, pinned, budget)
+        if built is None:
+            tokens = self._token_counts()
+            total = sum(tokens)
         event_base = {"message_count": len(messages), "token_count": total, "budget": budget,
                       "budget_source": source, "strategy": cfg.strategy}
+        if window is not None:
+            event_base.update(token_count_exact=False, window={"start": window.start, "omitted": window.omitted})
         over = cfg.auto_compact and total >= cfg.compact_threshold * budget
         if over:
             await self._emit(EVENT_PRE_COMPACT, dict(event_base))
-        built = await compaction.build_request_view(messages, tokens, pinned, budget, cfg,
-                                                    self._counter.count_message)
+        if built is None:
+            built = await compaction.build_request_view(messages, tokens, pinned, budget, cfg,
+                                                        self._counter.count_message)
         stats = {**built.stats, "budget_source": source}
+        if window is not None:
+            # Only part of the history was counted: its total is a lower bound (before_tokens_exact False).
+            stats.update(before_tokens=total, before_tokens_exact=False, before_messages=len(messages),
+                         window={"start": window.start, "omitted": window.omitted})
         # The view's dicts share nested values with the history: copy once per change, so nothing a caller does
         # to a request view can reach the stored history.
         view = compaction.RequestView(_copy(built.messages), built.token_count, built.compacted, stats)
-        base = anchor(view, messages, tokens, cfg, self._counter.count_message)
+        base = anchor(view, messages, tokens, cfg, self._counter.count_message, history_tokens=total)
         self._view_cache = (version, budget, self._epoch, base, view)
         if stats.get("warning"):
             logger.warning("session %s: request view: %s", self.session_id, stats["warning"])
@@ -555,10 +591,41 @@ class PersistentContextManager:
                 "before_tokens": stats["before_tokens"], "after_tokens": stats["after_tokens"],
                 "before_messages": stats["before_messages"], "after_messages": stats["after_messages"],
                 "budget": budget, "budget_source": source, "strategy": stats.get("strategy_used") or cfg.strategy,
+                **({"before_tokens_exact": False, "window": stats["window"]} if "window" in stats else {}),
             })
             await self._record_compaction(stats)
             await self._maybe_export_on_compact(stats)
         return view
+
+    async def _build_windowed(self, messages: list[dict[str, Any]], pinned: list[bool], budget: int
+                              ) -> tuple[RequestView | None, Any, Any, int]:
+        """A windowed rebuild (compaction/window.py) when the history is long and far over the budget.
+
+        Returns (view, window, tokens, counted total), or (None, None, tokens, 0) for a whole-history build:
+        a short history, a walk that reached the start, a group the window cannot see whole, or a windowed
+        view over the budget (or truncated) although the kept-always part fits (the note can tip it over).
+        """
+        from . import compaction
+        from .compaction.window import plan_window, reduced_input
+
+        tokens: Any = self._state.tokens
+        if len(messages) < self.WINDOW_MIN_MESSAGES:
+            return None, None, tokens, 0
+        pins = [i for i, p in enumerate(pinned) if p] if self._state.pinned else []
+        window = plan_window(messages, self._count_one, pins, budget, self._compaction, self.WINDOW_MIN_MESSAGES)
+        if window is None:
+            return None, None, tokens, 0
+        count = self._counter.count_message
+        msgs, toks, flags = reduced_input(messages, tokens, pinned, window, count)
+        built = await compaction.build_request_view(msgs, toks, flags, budget, self._compaction, count)
+        if built.token_count > budget or built.stats.get("truncated"):
+            # Over the budget or truncated to fit: fine when the kept-always part alone is over it (the whole
+            # build would be too); otherwise the note tipped it over, so build from the whole history.
+            request, _ = compaction._request(msgs, toks, flags, budget, self._compaction, count)
+            if request.protected_tokens - toks[window.note_at] <= budget:
+                return None, None, tokens, 0
+        total = sum(toks) - toks[window.note_at]
+        return built, window, tokens, total
 
     async def _record_compaction(self, stats: dict[str, Any]) -> None:
         """Append a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
@@ -571,6 +638,8 @@ class PersistentContextManager:
         record = {k: stats.get(k) for k in (
             "budget", "budget_source", "strategy_used", "before_tokens", "after_tokens", "before_messages",
             "after_messages", "groups_dropped", "outputs_masked", "truncated", "summarized", "warning")}
+        if "window" in stats:
+            record.update(before_tokens_exact=False, window=stats["window"])
         try:
             await self._commit(ev.COMPACTED, record)
         except Exception as e:
@@ -635,7 +704,8 @@ class PersistentContextManager:
             "last_compaction": None if self.last_compaction is None else {
                 k: self.last_compaction.get(k) for k in (
                     "at_seq", "ts", "budget", "budget_source", "strategy_used", "before_tokens", "after_tokens",
-                    "before_messages", "after_messages", "groups_dropped", "outputs_masked", "truncated", "warning")},
+                    "before_messages", "after_messages", "groups_dropped", "outputs_masked", "truncated", "warning",
+                    *(("before_tokens_exact", "window") if "window" in self.last_compaction else ()))},
             "checkpoint": {"loaded_seq": self._checkpoints.loaded_seq, "seq": self._checkpoints.seq,
                            "ignored": self._checkpoints.ignored},
         }

@@ -234,7 +234,8 @@ def _describe_compaction(rec: dict[str, Any]) -> str:
     d = rec["data"] if isinstance(rec.get("data"), dict) else {}
     text = f"seq {rec['seq']} at {short_time(rec['ts'])}"
     if "before_tokens" in d:
-        text += (f": {d.get('strategy_used')}, {d['before_tokens']:,} -> {d.get('after_tokens', 0):,} tokens "
+        at_least = "at least " if d.get("before_tokens_exact") is False else ""  # a windowed rebuild
+        text += (f": {d.get('strategy_used')}, {at_least}{d['before_tokens']:,} -> {d.get('after_tokens', 0):,} tokens "
                  f"at a {d.get('budget', 0):,}-token budget ({d.get('budget_source')}); "
                  f"{d.get('outputs_masked', 0)} masked, {d.get('groups_dropped', 0)} groups dropped, "
                  f"{d.get('truncated', 0)} truncated")

@@ -148,13 +148,15 @@ def count_view(request: CompactionRequest, out: Sequence[Message]) -> int:
     return sum(view_token_counts(request, out))
 
 
-def marker_message(n_messages: int, n_tokens: int, first: bool = True) -> Message:
+def marker_message(n_messages: int, n_tokens: int | None, first: bool = True) -> Message:
     """The note put where messages were left out (a user-role note: every provider accepts it anywhere).
 
     The first gap's note explains itself; later gaps get a short one, so a view with many gaps does not
-    spend its budget on notes.
+    spend its budget on notes. ``n_tokens`` is None when the left-out messages were never counted (a
+    windowed rebuild, ``compaction/window.py``).
     """
-    text = f"[context-persistent: {n_messages:,} messages ({n_tokens:,} tokens) left out here"
+    size = "" if n_tokens is None else f" ({n_tokens:,} tokens)"
+    text = f"[context-persistent: {n_messages:,} messages{size} left out here"
     if first:
         text += " to fit the token budget; the full history is kept in the event log"
     return {"role": "user", "content": text + "]"}

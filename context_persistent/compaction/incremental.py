@@ -59,8 +59,12 @@ def _latest_user_turn(messages: Sequence[Message], stop: int = 0) -> int | None:
 
 
 def anchor(view: RequestView, history: Sequence[Message], tokens: Sequence[int], config: CompactionConfig,
-           count: Callable[[Message], int]) -> Anchor | None:
-    """An anchor for ``view`` (built from the whole ``history``), or None when it cannot be extended."""
+           count: Callable[[Message], int], history_tokens: int | None = None) -> Anchor | None:
+    """An anchor for ``view`` (built from ``history``, maybe windowed), or None when it cannot be extended.
+
+    Only ``tokens[h:]`` (the latest user turn on) is read, plus ``sum(tokens)`` unless ``history_tokens``
+    gives the total (a windowed rebuild passes what it counted: a lower bound).
+    """
     if config.strategy == "custom" or view.stats.get("truncated"):
         return None
     h = _latest_user_turn(history)
@@ -70,7 +74,8 @@ def anchor(view: RequestView, history: Sequence[Message], tokens: Sequence[int],
     tail = _tail(history, tokens, h, count)
     if tail is None or len(tail[0]) != len(view.messages) - k:
         return None
-    return Anchor(view, len(history), sum(tokens), h, k, view.token_count - sum(tail[1]))
+    total = sum(tokens) if history_tokens is None else history_tokens
+    return Anchor(view, len(history), total, h, k, view.token_count - sum(tail[1]))
 
 
 def extend(base: Anchor, history: Sequence[Message], tokens: Sequence[int], budget: int, config: CompactionConfig,
