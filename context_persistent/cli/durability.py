@@ -87,29 +87,27 @@ def format_repair(r: RepairResult) -> str:
     return "\n".join(lines)
 
 
-def run_verify(args: argparse.Namespace) -> int:
-    bar = Progress(f"verify {args.session}")
+def _run(args: argparse.Namespace, name: str, work: Any, describe: Any) -> Any:
+    """Run verify or repair with a progress bar (on a terminal), print the result, return it."""
+    bar = Progress(f"{name} {args.session}")
     try:
-        report = verify(_directory(args), args.session, progress=bar)
-    finally:
-        bar.close()
-    if args.json:
-        _print_json(report.to_dict())
-    else:
-        print(format_report(report))
-    return EXIT_OK if report.ok else EXIT_PROBLEM
-
-
-def run_repair(args: argparse.Namespace) -> int:
-    bar = Progress(f"repair {args.session}")
-    try:
-        result = repair(_directory(args), args.session, progress=bar)
+        result = work(_directory(args), args.session, progress=bar)
     finally:
         bar.close()
     if args.json:
         _print_json(result.to_dict())
     else:
-        print(format_repair(result))
+        print(describe(result))
+    return result
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    report = _run(args, "verify", verify, format_report)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    result = _run(args, "repair", repair, format_repair)
     return EXIT_PROBLEM if result.unfixable else EXIT_OK
 
 
