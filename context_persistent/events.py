@@ -25,8 +25,6 @@ EVENT_TYPES: Final = frozenset(
 )
 #: Audit events: recorded for operators, they change no view.
 AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED})
-#: Events that change the message history (a log holding any of them "has history").
-HISTORY_EVENTS: Final = frozenset({MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED})
 
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 _ROLE_SET: Final = frozenset(ROLES)

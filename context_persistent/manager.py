@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +74,10 @@ COMPACTION_KEYS = ("auto_compact", "compact_threshold", "compaction_threshold", 
                    "compaction_strategy", "keep_recent", "keep_head", "mask_min_tokens", "custom",
                    "custom_strategy", "summarizer", "export_on_compact", "export_on_compact_every",
                    "copy_request_view")
+
+
+#: Every key open() accepts (mount() ignores the others with a warning).
+KNOWN_KEYS = frozenset(DEFAULTS) | frozenset(COMPACTION_KEYS)
 
 
 _ATOMIC = frozenset((str, int, float, bool, type(None)))
@@ -179,10 +182,10 @@ class PersistentContextManager:
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:
-        known = set(DEFAULTS) | set(COMPACTION_KEYS)
-        unknown = sorted(set(config) - known)
+        unknown = sorted(set(config) - KNOWN_KEYS)
         if unknown:
-            raise ValueError(f"unknown configuration key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown configuration key(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(KNOWN_KEYS))}")
         cfg = {**DEFAULTS, **config}
         if cfg["fsync"] not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {cfg['fsync']!r}")

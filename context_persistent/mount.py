@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .manager import COMPACTION_KEYS, DEFAULTS, PersistentContextManager
+from .manager import KNOWN_KEYS, PersistentContextManager
 
 logger = logging.getLogger("context_persistent")
 
@@ -37,9 +37,9 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
     storage = storage_from(config)
     config.pop("storage_path", None)
-    known = set(DEFAULTS) | set(COMPACTION_KEYS)
-    for key in sorted(set(config) - known):
-        logger.warning("context-persistent: ignoring unknown config key %r (known: %s)", key, ", ".join(sorted(known)))
+    for key in sorted(set(config) - KNOWN_KEYS):
+        logger.warning("context-persistent: ignoring unknown config key %r (known: %s)", key,
+                       ", ".join(sorted(KNOWN_KEYS)))
         config.pop(key)
     store = await PersistentContextManager.open(
         storage_path=storage, session_id=str(session_id), hooks=getattr(coordinator, "hooks", None), **config

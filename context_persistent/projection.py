@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import events as ev
+from .codec import FORMAT_VERSION
 from .errors import InvalidRecordError
 
 INDEX_BITS = 20
@@ -102,9 +103,12 @@ class Projection:
                 self.pinned.discard(key)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
+        elif kind in ev.EVENT_TYPES:
+            return  # audit events (transcript_ignored, compacted, ...) leave the views as they are
         else:
-            # transcript_ignored and future audit events leave the views as they are.
-            return
+            # A newer major format is refused by its version; within this one, an unknown type is damage.
+            raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
+                             f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
 
     def index_of(self, key: int) -> int | None:

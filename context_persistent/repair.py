@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from . import codec
+from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
 from .log import FileLock
@@ -41,7 +42,7 @@ from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir
 from .projection import Projection
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
-REPAIRED = "log_repaired"
+REPAIRED = ev.LOG_REPAIRED
 QUARANTINE_PREFIX = LOG_NAME + ".quarantine-"
 TORN_PREFIX = LOG_NAME + ".torn-"
 _REPAIR_TMP = LOG_NAME + ".repair-tmp"

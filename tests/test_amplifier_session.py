@@ -3,7 +3,6 @@ and the resume rule against the CLI's filtered transcript."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest

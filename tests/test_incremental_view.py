@@ -35,8 +35,11 @@ async def _check(messages: list[dict], split: int, budget: int, strategy: str) -
                 config = CompactionConfig(strategy=strategy)
                 count = s._counter.count_message
                 fresh = await build_request_view(history, tokens, [False] * len(history), budget, config, count)
-                if not fresh.compacted:
-                    assert view == fresh.messages
+                # While the store's view is uncompacted, extending it must give exactly a full rebuild. Once a
+                # compaction happened, the view stays compacted (hysteresis) until the next full rebuild, even if
+                # a fresh build would no longer compact (e.g. a placeholder replaced by a shorter real result).
+                if not s._view_cache[4].compacted:
+                    assert not fresh.compacted and view == fresh.messages
                 request, _ = _request(history, tokens, [False] * len(history), budget, config, count)
                 assert check_view(request, view, allow_truncated=request.protected_tokens > budget) == []
                 assert sum(count(m) for m in view) <= budget or fresh.stats["warning"]
@@ -46,7 +49,7 @@ async def _check(messages: list[dict], split: int, budget: int, strategy: str) -
 @given(conv=conversations(max_segments=18), cut=st.floats(0, 1), budget=st.integers(300, 30_000), strategy=STRATEGIES)
 def test_extended_views_are_valid_and_exact_below_threshold(conv: tuple, cut: float, budget: int,
                                                            strategy: str) -> None:
-    """After each appended message the view equals a full rebuild when uncompacted and is always valid."""
+    """After each appended message the view is valid, and equals a full rebuild while it is uncompacted."""
     messages, _ = conv
     asyncio.run(_check(messages, int(len(messages) * cut), budget, strategy))
 

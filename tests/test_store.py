@@ -265,9 +265,11 @@ async def test_token_count_and_stats(storage: Path) -> None:
         assert s.stats()["tokenizer"] == "chars/4"
 
 
-@pytest.mark.parametrize("data", [{}, {"message": "not an object"}, {"message": None}])
-async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, data: dict) -> None:
-    """A record whose checksum is fine but whose data cannot be applied raises LogCorruptedError naming it."""
+@pytest.mark.parametrize("kind, data", [("message_added", {}), ("message_added", {"message": "not an object"}),
+                                        ("message_added", {"message": None}), ("message_deleted", {"key": 1})])
+async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, kind: str, data: dict) -> None:
+    """A record whose checksum is fine but whose data cannot be applied, or whose type this format does not
+    know, raises LogCorruptedError naming it; it is never skipped."""
     from context_persistent import LogCorruptedError
     from context_persistent.codec import encode_event
 
@@ -276,8 +278,8 @@ async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, 
     log = storage / "s" / "events.jsonl"
     before = log.read_bytes()
     with log.open("ab") as f:
-        f.write(encode_event(3, "message_added", data))
-    with pytest.raises(LogCorruptedError, match=r"record seq 3 \(message_added\) passed its checksum") as info:
+        f.write(encode_event(3, kind, data))
+    with pytest.raises(LogCorruptedError, match=rf"record seq 3 \({kind}\) passed its checksum") as info:
         await open_store(storage)
     assert str(log) in str(info.value)
     assert log.read_bytes()[: len(before)] == before
