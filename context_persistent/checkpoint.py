@@ -16,10 +16,20 @@ Three layers, so any backend can store the same payload:
 
 Payload layout (bytes)::
 
-    {"checkpoint":1,"format":1,"schema":[...],"session_id":"…","seq":N,"position":P,
-     "first_crc":"…","last_crc":"…","tokenizer":"…"|null,"state_bytes":L}\\n     <- header line
+    {"checkpoint":2,"format":1,"schema":[...],"session_id":"…","seq":N,"position":P,
+     "first_crc":"…","last_crc":"…","tokenizer":"…"|null,"front_bytes":F,"state_bytes":L}\\n  <- header line
+    <F bytes: the front section JSON, or null>\\n
+    xxxxxxxx\\n                                          <- CRC-32 of the header line and the front section
     <L bytes: the state JSON, Projection.to_state()>\\n
-    xxxxxxxx\\n                                                                     <- CRC-32 of all above
+    xxxxxxxx\\n                                          <- CRC-32 of the state section
+
+The front section (:func:`front_of`) is what the first request view of a long session needs: the session
+facts, every system/developer message, the first turns, each pinned message with the turns around it, and the
+newest messages up to twice the largest budget seen, each with its index, key and token count. Opening a file
+checkpoint reads and verifies the header and the front only; the state section is read, verified and parsed
+when something needs the whole history (:class:`~context_persistent.projection.LazyList`), from the file
+descriptor opened at open (a newer checkpoint renamed over it later does not change what it reads). If the
+state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 
 Identity: ``session_id``, the log ``format``, the projection layout (``schema``: its slot names) and
 ``first_crc``, the checksum of the log's first record (``session_started``, unique by its timestamp), which
@@ -35,7 +45,9 @@ while appends continue. With ``checkpoint_every = K`` that is O(state / K) amort
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import gc
 import logging
 import os
 import zlib
@@ -47,21 +59,30 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from . import codec
+from .grouping import has_result_blocks, is_real_user_turn
 from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir
-from .projection import Projection
+from .projection import SYSTEM_ROLES, BaseLoader, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
 
 #: Version of the payload layout above; a different one is ignored.
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 #: The projection layout a payload was written for: a new field invalidates old checkpoints by itself.
 SCHEMA = sorted(Projection.__slots__)
 #: On close, a checkpoint is written only if at least this many events (or ``checkpoint_every``, if smaller)
 #: are not covered yet: replaying a short tail costs less than writing the whole state again.
 CLOSE_MIN_EVENTS = 256
+#: ... or when the log grew by at least this many bytes (one set_messages can hold a whole long history).
+CLOSE_MIN_BYTES = 1 << 20
 #: Payloads larger than this are framed (CRC, copy) in a worker thread.
 _THREAD_MIN = 1 << 20
 _TRAILER = 9  # 8 hex digits + newline
+#: Front section: turns kept after the head and around each pinned message (what a group search may read),
+#: and the most messages one span may hold (beyond it a rebuild simply loads the rest).
+FRONT_EXTRA_TURNS = 2
+FRONT_MAX_SPAN = 4096
+#: The newest messages kept in the front cover this many times the largest budget seen.
+FRONT_RECENT_FACTOR = 2
 
 
 class CheckpointError(ValueError):
@@ -80,7 +101,8 @@ class Checkpoint:
     tokenizer: str | None
     format: int
     schema: list[str]
-    state: dict[str, Any]
+    state: dict[str, Any] | None  #: None when only the front was read (:func:`decode_front`)
+    front: dict[str, Any] | None = None
 
 
 # -- the payload (pure) ------------------------------------------------------------------------------
@@ -90,44 +112,218 @@ def snapshot(state: Projection) -> bytes:
 
 
 def encode(*, session_id: str, seq: int, position: int | None, first_crc: str | None, last_crc: str | None,
-           tokenizer: str | None, state_json: bytes) -> bytes:
-    """Frame a state snapshot into a self-checking payload (see the module docstring for the layout)."""
+           tokenizer: str | None, state_json: bytes, front_json: bytes = b"null") -> bytes:
+    """Frame a state snapshot (and its front section) into a self-checking payload (module docstring)."""
     header = orjson.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
-        "last_crc": last_crc, "tokenizer": tokenizer, "state_bytes": len(state_json),
+        "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": len(state_json),
     })
-    crc = zlib.crc32(b"\n", zlib.crc32(state_json, zlib.crc32(header + b"\n")))
-    return b"".join((header, b"\n", state_json, b"\n", b"%08x\n" % crc))  # one copy of the state
+    crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
+    crc2 = zlib.crc32(b"\n", zlib.crc32(state_json))
+    return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1,
+                     state_json, b"\n", b"%08x\n" % crc2))  # one copy of the state
+
+
+def _check_crc(data: bytes | memoryview, what: str) -> None:
+    """``data`` ends with the CRC-32 (8 hex digits + newline) of everything before it."""
+    if len(data) < _TRAILER + 1 or bytes(data[-1:]) != b"\n":
+        raise CheckpointError(f"truncated {what} ({len(data)} bytes, no trailer)")
+    stored = bytes(data[-_TRAILER:-1])
+    got = zlib.crc32(memoryview(data)[:-_TRAILER])
+    if stored != b"%08x" % got:
+        raise CheckpointError(f"{what} checksum mismatch (stored {stored.decode('ascii', 'replace')}, "
+                              f"computed {got:08x}): truncated or corrupt")
+
+
+def _head(line: bytes) -> dict[str, Any]:
+    try:
+        head = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed header: {e}") from None
+    if not isinstance(head, dict) or head.get("checkpoint") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"payload layout {head.get('checkpoint') if isinstance(head, dict) else head!r}, "
+                              f"this program writes {CHECKPOINT_VERSION}")
+    for key in ("front_bytes", "state_bytes"):
+        if not isinstance(head.get(key), int) or head[key] < 0:
+            raise CheckpointError(f"malformed header: {key} {head.get(key)!r}")
+    return head
+
+
+def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
+    try:
+        cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
+                        first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
+                        format=head["format"], schema=head["schema"], state=state, front=front)
+    except KeyError as e:
+        raise CheckpointError(f"malformed payload: header lacks {e}") from None
+    if not isinstance(cp.seq, int) or cp.seq < 1 or not (state is None or isinstance(state, dict)):
+        raise CheckpointError(f"malformed payload: seq {cp.seq!r}")
+    if front is not None and not isinstance(front, dict):
+        raise CheckpointError("malformed payload: the front section is not an object")
+    return cp
+
+
+def _front_size(head: dict[str, Any], nl: int) -> int:
+    """Bytes from the start of the payload to the end of the front section's trailer."""
+    return nl + 1 + head["front_bytes"] + 1 + _TRAILER
 
 
 def decode(data: bytes) -> Checkpoint:
-    """Verify and parse a payload; CheckpointError says what is wrong (truncated, corrupt, other layout)."""
-    if len(data) < _TRAILER + 4 or data[-1:] != b"\n":
-        raise CheckpointError(f"truncated ({len(data)} bytes, no trailer)")
-    stored = data[-_TRAILER:-1]
-    got = zlib.crc32(memoryview(data)[:-_TRAILER])
-    if stored != b"%08x" % got:
-        raise CheckpointError(f"checksum mismatch (stored {stored.decode('ascii', 'replace')}, computed {got:08x}): "
-                              "truncated or corrupt")
+    """Verify and parse a whole payload; CheckpointError says what is wrong (truncated, corrupt, other layout)."""
     nl = data.find(b"\n")
+    if nl < 0:
+        raise CheckpointError(f"truncated ({len(data)} bytes, no header line)")
+    head = _head(data[:nl])
+    split = _front_size(head, nl)
+    if len(data) != split + head["state_bytes"] + 1 + _TRAILER:
+        raise CheckpointError(f"payload is {len(data)} bytes, its header says "
+                              f"{split + head['state_bytes'] + 1 + _TRAILER}: truncated or corrupt")
+    view = memoryview(data)
+    _check_crc(view[:split], "header/front")
+    _check_crc(view[split:], "state")
     try:
-        head = orjson.loads(data[:nl])
-        if not isinstance(head, dict) or head.get("checkpoint") != CHECKPOINT_VERSION:
-            raise CheckpointError(f"payload layout {head.get('checkpoint') if isinstance(head, dict) else head!r}, "
-                                  f"this program writes {CHECKPOINT_VERSION}")
-        body = memoryview(data)[nl + 1 : len(data) - _TRAILER - 1]
-        if len(body) != head["state_bytes"]:
-            raise CheckpointError(f"state is {len(body)} bytes, the header says {head['state_bytes']}")
-        state = orjson.loads(body)
-        cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
-                        first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
-                        format=head["format"], schema=head["schema"], state=state)
-    except (KeyError, TypeError, orjson.JSONDecodeError) as e:
-        raise CheckpointError(f"malformed payload: {type(e).__name__}: {e}") from None
-    if not isinstance(cp.seq, int) or cp.seq < 1 or not isinstance(cp.state, dict):
-        raise CheckpointError(f"malformed payload: seq {cp.seq!r}")
-    return cp
+        front = orjson.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
+        state = orjson.loads(view[split : len(data) - _TRAILER - 1])
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed payload: {e}") from None
+    return _checkpoint(head, front, state)
+
+
+def read_front(f: Any) -> tuple[Checkpoint, int, int]:
+    """Read and verify the header and front section from a binary file at offset 0.
+
+    Returns the checkpoint (``state`` None), the offset of the state section and its length.
+    """
+    line = f.readline(1 << 20)
+    if not line.endswith(b"\n"):
+        raise CheckpointError(f"truncated ({len(line)} bytes, no header line)")
+    head = _head(line[:-1])
+    rest = f.read(head["front_bytes"] + 1 + _TRAILER)
+    _check_crc(line + rest, "header/front")
+    try:
+        front = orjson.loads(memoryview(rest)[: head["front_bytes"]])
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed front section: {e}") from None
+    offset, length = len(line) + len(rest), head["state_bytes"]
+    size = os.fstat(f.fileno()).st_size
+    if size != offset + length + 1 + _TRAILER:  # a truncated or extended state section, found without reading it
+        raise CheckpointError(f"payload is {size} bytes, its header says {offset + length + 1 + _TRAILER}: "
+                              "truncated or corrupt")
+    return _checkpoint(head, front, None), offset, length
+
+
+def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
+    """Read, verify and parse the state section (``offset``/``length`` from :func:`read_front`)."""
+    data = os.pread(f.fileno(), length + 1 + _TRAILER, offset)
+    if len(data) != length + 1 + _TRAILER:
+        raise CheckpointError(f"truncated state section ({len(data)} of {length + 1 + _TRAILER} bytes)")
+    _check_crc(data, "state")
+    try:
+        state = orjson.loads(memoryview(data)[:length])
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed state section: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError("malformed state section: not an object")
+    return state
+
+
+# -- the front section (pure) ------------------------------------------------------------------------
+def _clean_turn(message: dict[str, Any]) -> bool:
+    return is_real_user_turn(message) and not has_result_blocks(message)
+
+
+def _turns_back(messages: Any, i: int, turns: int, floor: int) -> int:
+    """Start of the ``turns``-th clean user turn counting back from ``i`` (the turn holding ``i`` is the first)."""
+    for t in range(turns):
+        if t:
+            i -= 1
+        while i > floor and not _clean_turn(messages[i]):
+            i -= 1
+        if i <= floor:
+            return floor
+    return i
+
+
+def _turns_ahead(messages: Any, i: int, turns: int, ceiling: int) -> int:
+    """Index just before the ``turns``-th clean user turn after ``i`` (not above ``ceiling``)."""
+    for _ in range(turns):
+        i += 1
+        while i < ceiling and not _clean_turn(messages[i]):
+            i += 1
+    return min(i, ceiling)
+
+
+def front_of(state: Projection, *, keep_head: int, recent_tokens: int, token_of: Callable[[int], int]
+             ) -> dict[str, Any]:
+    """The front section of a (loaded) projection: see the module docstring.
+
+    ``token_of(i)`` counts message ``i`` (and caches it in ``state.tokens``); only the newest messages are
+    counted, until they reach ``recent_tokens``.
+    """
+    messages, keys = state.messages, state.keys
+    n = len(messages)
+    system = [i for i, m in enumerate(messages) if m.get("role") in SYSTEM_ROLES]
+    keep: set[int] = set(system)
+    # The head: the first keep_head non-system messages and the first real user turn, then a few turns more.
+    i, seen, first_user = 0, 0, False
+    while i < n and (seen < keep_head or not first_user) and i < FRONT_MAX_SPAN:
+        m = messages[i]
+        if m.get("role") not in SYSTEM_ROLES:
+            seen += 1
+            first_user = first_user or is_real_user_turn(m)
+        i += 1
+    keep.update(range(_turns_ahead(messages, i, FRONT_EXTRA_TURNS, min(n, FRONT_MAX_SPAN))))
+    # The newest messages up to recent_tokens, from a clean user turn a few turns back.
+    acc, r = 0, n
+    while r > 0 and acc < recent_tokens:
+        r -= 1
+        acc += token_of(r)
+    r = _turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
+    keep.update(range(r, n))
+    # Pinned messages, with the turns around them (their tool groups).
+    if state.pinned:
+        for p, k in enumerate(keys):
+            if k in state.pinned and p < r:
+                lo = _turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
+                hi = _turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN))
+                keep.update(range(lo, hi))
+    idx = sorted(keep)
+    return {
+        "meta": {"pinned": sorted(state.pinned), "head_seq": state.head_seq, "has_history": state.has_history,
+                 "session": state.session, "counts": state.counts},
+        "n": n, "system": system, "idx": idx,
+        "messages": [messages[j] for j in idx], "keys": [keys[j] for j in idx],
+        "tokens": [state.tokens[j] for j in idx],
+    }
+
+
+def restore_front(cp: Checkpoint, tokenizer: Callable[[], str], loader: BaseLoader) -> Projection:
+    """A lazy projection from ``cp.front``; ``loader()`` returns the whole state's lists when needed."""
+    front = cp.front
+    assert front is not None
+    try:
+        n, idx, msgs, keys, toks = front["n"], front["idx"], front["messages"], front["keys"], front["tokens"]
+        system = front["system"]
+        ok = (isinstance(n, int) and n >= 0 and len(idx) == len(msgs) == len(keys) == len(toks)
+              and all(isinstance(i, int) and 0 <= i < n for i in idx)
+              and all(isinstance(i, int) and 0 <= i < n for i in system)
+              and all(isinstance(k, int) for k in keys) and all(isinstance(m, dict) for m in msgs))
+        if not ok:
+            raise CheckpointError("front section has inconsistent lists")
+        if not all(t is None or (isinstance(t, int) and t >= 0) for t in toks):
+            raise CheckpointError("front section holds token counts that are not non-negative integers")
+        if any(t is not None for t in toks) and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
+            toks = [None] * len(toks)  # counted by another tokenizer: count again, lazily
+        state = Projection.lazy(front["meta"], n, {i: (m, k, t) for i, m, k, t in zip(idx, msgs, keys, toks)},
+                                system, loader)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"front section does not load: {type(e).__name__}: {e}") from None
+    if state.head_seq != cp.seq:
+        raise CheckpointError(f"front section is at seq {state.head_seq}, the header says {cp.seq}")
+    return state
 
 
 def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
@@ -143,6 +339,8 @@ def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
 
 def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
     """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted."""
+    if cp.state is None:
+        raise CheckpointError("the state section was not read")
     try:
         state = Projection.from_state(cp.state)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -210,6 +408,20 @@ class FileCheckpointStore:
             raise
         fsync_dir(self.path.parent)
 
+    def open_front(self) -> tuple[Checkpoint, Any, int, int] | None:
+        """Read and verify only the header and front section: ``(checkpoint, open file, state offset, state
+        length)``, or None if there is no checkpoint. The caller owns the file (it reads the state from it)."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return None
+        try:
+            cp, offset, length = read_front(f)
+            return cp, f, offset, length
+        except BaseException:
+            f.close()
+            raise
+
     async def discard(self) -> None:
         self.discard_sync()
 
@@ -265,11 +477,18 @@ class Checkpointer:
         self.every = every
         self.writable = writable
         self.seq = 0
+        self.position = 0  # log position covered by the stored checkpoint (when the backend has positions)
         self.loaded_seq = 0
         self.ignored: str | None = None
         self.first_crc: str | None = None
         self.counted = 0  # messages with a token count in the stored checkpoint
         self._task: asyncio.Future[None] | None = None
+        #: Set by the manager: ``() -> (keep_head, recent_tokens, token_of)`` for the front section; None: no
+        #: front section is written (every open then loads the whole state).
+        self.front_hints: Callable[[], tuple[int, int, Callable[[int], int]]] | None = None
+        #: True when the state at open came from a front section (the rest loads on first need).
+        self.lazy = False
+        self._lazy_file: Any = None  # the checkpoint file the rest is read from (closed by close())
 
     # -- loading --------------------------------------------------------------------------------------
     async def load(self, log: Any, tokenizer: Callable[[], str]) -> Projection:
@@ -282,32 +501,109 @@ class Checkpointer:
             await self._reject(f"it is at seq {cp.seq} but the log ends at seq {log.last_seq}")
             return await self._replay(log, Projection(), 0, None)
         self.seq = self.loaded_seq = cp.seq
+        self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
-        self.counted = _counted(state)
+        if cp.state is None:  # lazy: the front section says how many counts the stored state holds
+            counted = (cp.front or {}).get("counted")
+            self.counted = counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0
+        else:
+            self.counted = _counted(state)
         logger.debug("session %s: resumed from the checkpoint at seq %d, replayed %d newer events",
                      self.session_id, cp.seq, tail.head_seq - cp.seq)
         return tail
 
     async def _usable(self, log: Any, tokenizer: Callable[[], str]) -> tuple[Checkpoint | None, Projection | None]:
+        """The stored checkpoint and its projection if it fits this session and log, else (None, None).
+
+        A file checkpoint beside a file log is opened lazily: only its front section is read now (the
+        projection holds the rest as :class:`LazyList`); other stores, and payloads without a front section,
+        are read whole.
+        """
         if self.store is None:
             return None, None
+        from .log import FileEventLog
+
+        opened: tuple[Checkpoint, Any, int, int] | None = None
         try:
-            payload = await self.store.load()
+            if isinstance(self.store, FileCheckpointStore) and isinstance(log, FileEventLog):
+                opened = self.store.open_front()
+                payload = None
+                if opened is not None and opened[0].front is None:
+                    opened[1].close()  # written without a front section: read it whole
+                    opened = None
+                    payload = await self.store.load()
+            else:
+                payload = await self.store.load()
         except OSError as e:
             logger.info("session %s: checkpoint unreadable (%s); replaying the whole log", self.session_id, e)
             return None, None
-        if payload is None:
+        except CheckpointError as e:
+            await self._reject(str(e))
+            return None, None
+        if opened is None and payload is None:
             logger.debug("session %s: no checkpoint; replaying the whole log", self.session_id)
             return None, None
         try:
-            cp = decode(payload)
+            if opened is not None:
+                cp, f, offset, length = opened
+                state_loader = functools.partial(self._load_rest, f, offset, length, cp, tokenizer, log)
+            else:
+                cp = decode(payload)  # type: ignore[arg-type]
             reason = mismatch(cp, session_id=self.session_id) or await self._anchor_mismatch(cp, log)
             if reason is None:
-                return cp, restore(cp, tokenizer)
+                if opened is None:
+                    return cp, restore(cp, tokenizer)
+                state = restore_front(cp, tokenizer, state_loader)
+                self.lazy = True
+                self._lazy_file = f
+                return cp, state
         except CheckpointError as e:
             reason = str(e)
+        if opened is not None:
+            opened[1].close()
         await self._reject(reason)
         return None, None
+
+    def _load_rest(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
+                   log: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        """The whole state of a lazily opened checkpoint: its state section, or, if that fails verification,
+        the log replayed up to the checkpoint's seq (the log is the source of truth)."""
+        try:
+            try:
+                state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer)
+            finally:
+                f.close()
+            logger.debug("session %s: loaded the rest of the checkpoint at seq %d", self.session_id, cp.seq)
+        except (CheckpointError, OSError, ValueError) as e:  # (ValueError: the file was closed by a failed try)
+            self.ignored = f"state section: {e}"
+            logger.warning("session %s: the checkpoint's state section cannot be used (%s); rebuilding the "
+                           "history from the log instead", self.session_id, e)
+            if self.writable and isinstance(self.store, FileCheckpointStore):
+                try:
+                    self.store.discard_sync()  # a cache we cannot use (the next checkpoint replaces it anyway)
+                except OSError as err:
+                    logger.info("session %s: could not remove the unusable checkpoint: %s", self.session_id, err)
+            state = self._replay_sync(log, cp)
+        return state.messages, state.keys, state.tokens
+
+    def _replay_sync(self, log: Any, cp: Checkpoint) -> Projection:
+        """The log folded up to ``cp``'s record (records verified as they are read)."""
+        from .log import scan
+
+        state = Projection()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # (as in the manager's open: millions of acyclic objects)
+        try:
+            for rec, _ in scan(log.path, 0, 1, cp.position):
+                if rec["seq"] > cp.seq:
+                    break
+                state.apply(rec)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        if state.head_seq != cp.seq:
+            raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
+        return state
 
     async def _anchor_mismatch(self, cp: Checkpoint, log: Any) -> str | None:
         first = await first_record_crc(log)
@@ -354,17 +650,40 @@ class Checkpointer:
     async def close(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         """Wait for a write in flight, then write a final checkpoint if enough events (or token counts) are
         not covered yet."""
+        try:
+            await self._close(state, log, tokenizer)
+        finally:
+            if self._lazy_file is not None:
+                self._lazy_file.close()
+
+    async def _close(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         if self._task is not None:
             await asyncio.shield(self._task)
         if not self.writable or self.store is None or state.head_seq == 0:
             return
+        if state.is_lazy:
+            # Writing would load the whole state first; the front section and a short tail replay keep the
+            # next open as fast, so only a long uncovered tail is worth it.
+            if state.head_seq - self.seq >= self.every:
+                await self._write(*self._prepare(state, log, tokenizer), log)
+            return
         enough = min(self.every, CLOSE_MIN_EVENTS)
-        if state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough:
+        grown = log.position - self.position if isinstance(log.position, int) else 0
+        if (state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough
+                or grown >= CLOSE_MIN_BYTES):
             await self._write(*self._prepare(state, log, tokenizer), log)
 
     def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]
-                 ) -> tuple[int, int | None, str | None, str | None, bytes, int]:
-        """What must be read from the live state now: seq, position, tokenizer, last crc, state JSON, counts."""
+                 ) -> tuple[int, int | None, str | None, str | None, bytes, bytes, int]:
+        """What must be read from the live state now: seq, position, tokenizer, last crc, state JSON, front
+        JSON, counts. (A lazy state is loaded whole first.)"""
+        state.materialise()
+        front_json = b"null"
+        if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
+            keep_head, recent_tokens, token_of = self.front_hints()
+            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, token_of=token_of)
+            front["counted"] = _counted(state)
+            front_json = orjson.dumps(front)
         counted = _counted(state)
         last = getattr(log, "record_before", None)
         position = log.position
@@ -372,21 +691,24 @@ class Checkpointer:
         if last is not None:
             rec = last(position)
             last_crc = rec.get("crc") if rec is not None and rec["seq"] == state.head_seq else None
-        return state.head_seq, position, tokenizer() if counted else None, last_crc, snapshot(state), counted
+        return (state.head_seq, position, tokenizer() if counted else None, last_crc, snapshot(state), front_json,
+                counted)
 
     async def _write(self, seq: int, position: int | None, tokenizer: str | None, last_crc: str | None,
-                     state_json: bytes, counted: int, log: Any) -> None:
+                     state_json: bytes, front_json: bytes, counted: int, log: Any) -> None:
         store = self.store
         assert store is not None
         try:
             if self.first_crc is None:
                 self.first_crc = await first_record_crc(log)
             fields = dict(session_id=self.session_id, seq=seq, position=position, first_crc=self.first_crc,
-                          last_crc=last_crc, tokenizer=tokenizer, state_json=state_json)
+                          last_crc=last_crc, tokenizer=tokenizer, state_json=state_json, front_json=front_json)
             framing = functools.partial(encode, **fields)  # type: ignore[arg-type]
             payload = await asyncio.to_thread(framing) if len(state_json) >= _THREAD_MIN else framing()
             await store.save(payload, seq)
-            self.seq = max(self.seq, seq)
+            if seq >= self.seq:
+                self.seq = seq
+                self.position = position if isinstance(position, int) else 0
             self.counted = counted
             logger.debug("session %s: checkpoint written at seq %d (%d bytes)", self.session_id, seq, len(payload))
         except Exception as e:  # a checkpoint is a cache: never let it break the store

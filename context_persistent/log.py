@@ -204,17 +204,15 @@ class FileEventLog:
             return None
         back = 0
         with open(self.path, "rb") as f:
-            while True:  # look back 4 KiB, then 64 KiB, then 1 MiB for the newline before the record
-                back = min(position, max(back * 16, 4096), 1 << 20)
+            while True:  # look back 4 KiB, then 64 KiB, 1 MiB, ... for the newline before the record
+                back = min(position, max(back * 16, 4096))
                 f.seek(position - back)
                 chunk = f.read(back)
                 start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
-                if start > 0 or back == position or back == 1 << 20:
+                if start > 0 or back == position:
                     break
         if not chunk.endswith(b"\n"):
             return None
-        if start == 0 and back < position:
-            return None  # the record is longer than we looked back: do not guess
         try:
             return codec.decode(chunk[start:])
         except (codec.RecordError, ValueError):

@@ -19,7 +19,7 @@ from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
 from .replay import COMPLETE, HELD, ReplayRecogniser
-from .projection import MAX_BATCH, Projection, make_key, split_key
+from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, TokenCounter
 from .views import conversation_view, reasoning_view
 
@@ -103,6 +103,18 @@ def _copy(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does
 
 
+class _Flags:
+    """``flags[i]``: whether index ``i`` is in a set (pinned flags without a list as long as the history)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self, indices: set[int]) -> None:
+        self._set = indices
+
+    def __getitem__(self, i: int) -> bool:
+        return i in self._set
+
+
 def _positive_int(config: dict[str, Any], key: str, minimum: int = 1) -> int:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -158,6 +170,10 @@ class PersistentContextManager:
 
         self._checkpoints = Checkpointer(checkpoint_store_for(log), session_id, config["checkpoint_every"],
                                          writable=not log.readonly)
+        self._checkpoints.front_hints = self._front_hints
+        #: The largest request budget seen: a checkpoint's front section keeps the newest messages up to twice
+        #: this (and max_tokens), so the first request after the next open reads nothing else.
+        self._max_budget = 0
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
@@ -233,6 +249,17 @@ class PersistentContextManager:
 
     def _tokenizer_name(self) -> str:
         return self._counter.name
+
+    def _front_hints(self) -> tuple[int, int, Any]:
+        """What a checkpoint's front section must cover (checkpoint.front_of)."""
+        from .checkpoint import FRONT_RECENT_FACTOR
+
+        budget = max(self.config["max_tokens"], self._max_budget)
+        return self._compaction.keep_head, FRONT_RECENT_FACTOR * budget, self._count_one
+
+    def _full(self) -> Projection:
+        """The state with the whole history in memory (loads the rest of a lazily opened checkpoint)."""
+        return self._state.materialise()
 
     async def _after_load(self) -> None:
         """Recover a torn tail, note what was loaded, start a new log with ``session_started``."""
@@ -453,15 +480,15 @@ class PersistentContextManager:
     async def get_messages(self) -> list[dict[str, Any]]:
         """The full history since the last clear/replacement, as a copy."""
         self._check_open()
-        return _copy(self._state.messages)
+        return _copy(self._full().messages)
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         self._check_open()
-        return _copy(conversation_view(self._state.messages))
+        return _copy(conversation_view(self._full().messages))
 
     async def get_reasoning_view(self) -> list[dict[str, Any]]:
         self._check_open()
-        return _copy(reasoning_view(self._state.messages))
+        return _copy(reasoning_view(self._full().messages))
 
     def _token_counts(self) -> list[int]:
         """Per-message counts, tokenising only messages not counted before (cached in the projection).
@@ -469,7 +496,7 @@ class PersistentContextManager:
         Between epochs (only appends) uncounted messages can only be at the end, so the search for them
         starts where the last one stopped: a request after one new message does not scan the history.
         """
-        state = self._state
+        state = self._full()
         tokens = state.tokens
         if state.counted_version != state.version or self._count_hint[2] is None:
             if self._count_hint[2] is None and self._counter.name != self._counter.requested:
@@ -557,11 +584,13 @@ class PersistentContextManager:
                     self._view_cache = (version, budget, self._epoch, grown[1], grown[0])
                     return grown[0]
         cfg = self._compaction
+        self._max_budget = max(self._max_budget, budget)
+        built, window, tokens, total = await self._build_windowed(state.messages, budget)
         messages = state.messages
-        pinned_keys = state.pinned
-        pinned = [k in pinned_keys for k in state.keys] if pinned_keys else [False] * len(messages)
-        built, window, tokens, total = await self._build_windowed(messages, pinned, budget)
-        if built is None:
+        if built is None:  # a whole-history build: it reads everything (a lazy state loads the rest)
+            messages = self._full().messages
+            pinned_keys = state.pinned
+            pinned = [k in pinned_keys for k in state.keys] if pinned_keys else [False] * len(messages)
             tokens = self._token_counts()
             total = sum(tokens)
         event_base = {"message_count": len(messages), "token_count": total, "budget": budget,
@@ -600,7 +629,7 @@ class PersistentContextManager:
             await self._maybe_export_on_compact(stats)
         return view
 
-    async def _build_windowed(self, messages: list[dict[str, Any]], pinned: list[bool], budget: int
+    async def _build_windowed(self, messages: list[dict[str, Any]], budget: int
                               ) -> tuple[RequestView | None, Any, Any, int]:
         """A windowed rebuild (compaction/window.py) when the history is long and far over the budget.
 
@@ -614,12 +643,13 @@ class PersistentContextManager:
         tokens: Any = self._state.tokens
         if len(messages) < self.WINDOW_MIN_MESSAGES:
             return None, None, tokens, 0
-        pins = [i for i, p in enumerate(pinned) if p] if self._state.pinned else []
+        pins = self._pinned_indices()
         window = plan_window(messages, self._count_one, pins, budget, self._compaction, self.WINDOW_MIN_MESSAGES)
         if window is None:
             return None, None, tokens, 0
         count = self._counter.count_message
-        msgs, toks, flags = reduced_input(messages, tokens, pinned, window, count)
+        pinned = set(pins)
+        msgs, toks, flags = reduced_input(messages, tokens, _Flags(pinned), window, count)
         built = await compaction.build_request_view(msgs, toks, flags, budget, self._compaction, count)
         if built.token_count > budget or built.stats.get("truncated"):
             # Over the budget or truncated to fit: fine when the kept-always part alone is over it (the whole
@@ -629,6 +659,19 @@ class PersistentContextManager:
                 return None, None, tokens, 0
         total = sum(toks) - toks[window.note_at]
         return built, window, tokens, total
+
+    def _pinned_indices(self) -> list[int]:
+        """History indices of the pinned messages, in order (a lazy state is searched in memory first)."""
+        state = self._state
+        if not state.pinned:
+            return []
+        keys = state.keys
+        if type(keys) is LazyList and not keys.loaded:
+            where = {keys.get_known(i): i for i in keys.known_indices()}
+            if all(k in where for k in state.pinned):
+                return sorted(where[k] for k in state.pinned)
+            keys = self._full().keys  # a message pinned outside what the front section kept
+        return [i for i, k in enumerate(keys) if k in state.pinned]
 
     async def _record_compaction(self, stats: dict[str, Any]) -> None:
         """Append a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.

@@ -10,6 +10,7 @@ stable across restarts, so pins and redactions can name a message.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import events as ev
@@ -28,8 +29,176 @@ def split_key(key: int) -> tuple[int, int]:
     return key >> INDEX_BITS, key & (MAX_BATCH - 1)
 
 
+SYSTEM_ROLES = ("system", "developer")  # grouping.SYSTEM_ROLES (this module imports nothing from compaction)
+
+#: Loads the part of the state a lazy projection does not hold yet: returns ``(messages, keys, tokens)`` of
+#: the first ``n`` messages (see :class:`LazyList`).
+BaseLoader = Callable[[], tuple[list[Any], list[Any], list[Any]]]
+
+
+class _Bulk:
+    """What the three lazy lists of one projection share: the loader of the part they do not hold."""
+
+    __slots__ = ("n", "loader", "lists", "owner")
+
+    def __init__(self, n: int, loader: BaseLoader, owner: "Projection") -> None:
+        self.n = n
+        self.loader: BaseLoader | None = loader
+        self.lists: tuple[LazyList, LazyList, LazyList] | None = None
+        self.owner = owner
+
+    def load(self) -> None:
+        """Load the rest once; every lazy list (and the projection) then holds a plain list."""
+        loader = self.loader
+        if loader is None:
+            return
+        base = loader()  # (if it raises, the next access tries again and raises again: nothing half-loaded)
+        self.loader = None
+        assert self.lists is not None
+        if any(len(part) != self.n for part in base):
+            raise ValueError(f"the loaded state holds {[len(p) for p in base]} items, expected {self.n}")
+        for lazy, full in zip(self.lists, base):
+            lazy._fill(full)
+        owner = self.owner
+        messages, keys, tokens = self.lists
+        if owner.messages is messages:  # (an event such as cleared may have replaced them since)
+            owner.messages, owner.keys, owner.tokens = messages._full, keys._full, tokens._full  # type: ignore[assignment]
+
+
+class LazyList:
+    """A list of ``n`` items of which only some are in memory until the rest is needed.
+
+    Items at ``known`` indices and items appended later are served directly; any other access (an unknown
+    index, iteration, ``index``, ``count``, a slice over unknown items, deletion) first loads the rest
+    through the shared loader, then behaves exactly like the plain list. Code written for lists therefore
+    stays correct: it is only slower the first time it touches what was not kept. See docs/architecture.md
+    ("Lazy open").
+    """
+
+    __slots__ = ("_bulk", "_known", "_tail", "_full", "system_indices")
+
+    def __init__(self, bulk: _Bulk, known: dict[int, Any], system_indices: list[int] | None = None) -> None:
+        self._bulk = bulk
+        self._known = known
+        self._tail: list[Any] = []
+        self._full: list[Any] | None = None
+        #: For the messages list: every system/developer index (complete), so a windowed rebuild need not scan.
+        self.system_indices = system_indices
+
+    def _fill(self, base: list[Any]) -> None:
+        for i, v in self._known.items():  # newer than the bulk (token counts made since it was written)
+            base[i] = v
+        base.extend(self._tail)
+        self._full, self._known, self._tail = base, {}, []
+        self.system_indices = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._full is not None
+
+    def _all(self) -> list[Any]:
+        if self._full is None:
+            self._bulk.load()
+        assert self._full is not None
+        return self._full
+
+    def _index(self, i: int) -> int:
+        n = self._bulk.n + len(self._tail)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError("list index out of range")
+        return j
+
+    def __len__(self) -> int:
+        return len(self._full) if self._full is not None else self._bulk.n + len(self._tail)
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._full is not None:
+            return self._full[i]
+        if type(i) is slice:
+            start, stop, step = i.indices(len(self))
+            if step == 1 and start >= stop:
+                return []
+            if step == 1 and (start >= self._bulk.n or all(j in self._known for j in range(start, min(stop, self._bulk.n)))):
+                return [self[j] for j in range(start, stop)]
+            return self._all()[i]
+        j = self._index(i)
+        n = self._bulk.n
+        if j >= n:
+            return self._tail[j - n]
+        try:
+            return self._known[j]
+        except KeyError:
+            return self._all()[j]
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        if self._full is not None or type(i) is slice:
+            self._all()[i] = value
+            return
+        j = self._index(i)
+        n = self._bulk.n
+        if j >= n:
+            self._tail[j - n] = value
+        elif j in self._known:
+            self._known[j] = value
+        else:
+            self._all()[j] = value
+
+    def get_known(self, i: int, default: Any = None) -> Any:
+        """The item at ``i`` if it is in memory, else ``default`` (never loads)."""
+        if self._full is not None:
+            return self._full[i]
+        n = self._bulk.n
+        return self._tail[i - n] if i >= n else self._known.get(i, default)
+
+    def known_indices(self) -> list[int]:
+        """The indices served without loading, in order."""
+        if self._full is not None:
+            return list(range(len(self._full)))
+        n = self._bulk.n
+        return sorted(self._known) + list(range(n, n + len(self._tail)))
+
+    def append(self, value: Any) -> None:
+        if self._full is not None:
+            self._full.append(value)
+            return
+        if self.system_indices is not None and type(value) is dict and value.get("role") in SYSTEM_ROLES:
+            self.system_indices.append(len(self))
+        self._tail.append(value)
+
+    def __delitem__(self, i: Any) -> None:
+        del self._all()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._all())
+
+    def __contains__(self, value: Any) -> bool:
+        return value in self._all()
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (other._all() if isinstance(other, LazyList) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def index(self, value: Any, *args: Any) -> int:
+        return self._all().index(value, *args)
+
+    def count(self, value: Any) -> int:
+        return self._all().count(value)
+
+    def __repr__(self) -> str:
+        if self._full is not None:
+            return repr(self._full)
+        return f"<LazyList {len(self)} items, {len(self._known) + len(self._tail)} in memory>"
+
+
 class Projection:
-    """Full history plus pins, as of ``head_seq``. Mutated only by :meth:`apply`."""
+    """Full history plus pins, as of ``head_seq``. Mutated only by :meth:`apply`.
+
+    A projection restored from a checkpoint's front section (:meth:`lazy`) holds only part of the history
+    in memory (``messages``, ``keys`` and ``tokens`` are :class:`LazyList`); it loads the rest on first need,
+    or when :meth:`materialise` is called, and is from then on an ordinary projection.
+    """
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
                  "counts", "counted_version")
@@ -112,13 +281,54 @@ class Projection:
         self.version += 1
 
     def index_of(self, key: int) -> int | None:
+        keys = self.keys
+        if type(keys) is LazyList and not keys.loaded:
+            for i in reversed(keys.known_indices()):  # a recent or kept message: no need to load the rest
+                if keys.get_known(i) == key:
+                    return i
         try:
-            return self.keys.index(key)
+            return keys.index(key)
         except ValueError:
             return None
 
+    # -- lazy state -----------------------------------------------------------------------------------
+    @property
+    def is_lazy(self) -> bool:
+        """True while part of the history is not in memory yet."""
+        return type(self.messages) is LazyList and not self.messages.loaded
+
+    def materialise(self) -> "Projection":
+        """Load what a lazy projection does not hold yet (no-op otherwise); returns self."""
+        messages = self.messages
+        if type(messages) is LazyList:
+            messages._all()
+        return self
+
+    @classmethod
+    def lazy(cls, meta: dict[str, Any], n: int, known: dict[int, tuple[Any, int, int | None]],
+             system_indices: list[int], loader: BaseLoader) -> "Projection":
+        """A projection of ``n`` messages holding only ``known`` (``index -> (message, key, tokens)``) in memory.
+
+        ``system_indices`` must list every system/developer message (the windowed rebuild relies on it);
+        ``loader()`` returns the complete ``(messages, keys, tokens)`` lists when something needs the rest.
+        """
+        p = cls()
+        bulk = _Bulk(n, loader, p)
+        lists = (LazyList(bulk, {i: v[0] for i, v in known.items()}, list(system_indices)),
+                 LazyList(bulk, {i: v[1] for i, v in known.items()}),
+                 LazyList(bulk, {i: v[2] for i, v in known.items()}))
+        bulk.lists = lists
+        p.messages, p.keys, p.tokens = lists  # type: ignore[assignment]
+        p.pinned = set(meta["pinned"])
+        p.head_seq = int(meta["head_seq"])
+        p.has_history = bool(meta["has_history"])
+        p.session = dict(meta["session"])
+        p.counts = dict(meta.get("counts", {}))
+        return p
+
     # -- checkpoint support -------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
+        self.materialise()
         return {
             "messages": self.messages,
             "keys": self.keys,

@@ -286,7 +286,7 @@ def _check_checkpoint(directory: Path, session_id: str
         if cp is None or rec["seq"] != cp.seq:
             return
         seen["end"], seen["crc"] = end, rec.get("crc")
-        seen["same"] = state is not None and _normal(state.to_state()) == _normal(cp.state)
+        seen["same"] = state is not None and cp.state is not None and _normal(state.to_state()) == _normal(cp.state)
 
     def finish(walk: _Walk) -> None:
         if cp is None:

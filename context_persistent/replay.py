@@ -24,20 +24,44 @@ MISMATCH = "mismatch"
 
 
 class ReplayRecogniser:
-    __slots__ = ("_expected", "held")
+    __slots__ = ("_history", "_pos", "_expected", "held")
 
-    def __init__(self, history: list[dict[str, Any]]) -> None:
-        self._expected = [m for m in history if m.get("role") not in TRANSCRIPT_SKIPS]
+    def __init__(self, history: Any) -> None:
+        #: The loaded history (a list, or a projection's LazyList: only the messages compared are read).
+        self._history = history
+        self._pos = 0  # history index of the next message to compare
+        self._expected: int | None = None  # messages a replay must repeat; counted at the first match
         #: ``(message, message_json)`` pairs offered and matched so far, in order.
         self.held: list[tuple[dict[str, Any], bytes]] = []
 
     @property
     def active(self) -> bool:
-        return bool(self._expected)
+        """Whether the history holds anything a transcript would repeat (not only system messages)."""
+        system = getattr(self._history, "system_indices", None)
+        if system is not None:
+            return len(self._history) > len(system)
+        return any(m.get("role") not in TRANSCRIPT_SKIPS for m in self._history)  # (stops at the first)
+
+    def _count(self) -> int:
+        if self._expected is None:
+            history = self._history
+            system = getattr(history, "system_indices", None)
+            if system is not None:
+                self._expected = len(history) - len(system)  # complete for a lazy list: no scan needed
+            else:
+                self._expected = sum(1 for m in history if m.get("role") not in TRANSCRIPT_SKIPS)
+        return self._expected
 
     def offer(self, message: dict[str, Any], message_json: bytes) -> str:
-        """HELD (keep matching), COMPLETE (the whole transcript was replayed) or MISMATCH (stop)."""
-        if message != self._expected[len(self.held)]:
+        """HELD (keep matching), COMPLETE (the whole transcript was replayed) or MISMATCH (stop).
+
+        The usual resume adds a new message first: one comparison, and nothing else is read.
+        """
+        history, pos = self._history, self._pos
+        while history[pos].get("role") in TRANSCRIPT_SKIPS:
+            pos += 1
+        if message != history[pos]:
             return MISMATCH
+        self._pos = pos + 1
         self.held.append((message, message_json))
-        return COMPLETE if len(self.held) == len(self._expected) else HELD
+        return COMPLETE if len(self.held) == self._count() else HELD

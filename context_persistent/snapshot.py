@@ -124,7 +124,7 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
                                 progress=progress)
         finally:
             await past.close()
-    state = store._state
+    state = store._full()
     messages = await view_messages(store, view, token_budget)
     pinned = ([i for i, k in enumerate(state.keys) if k in state.pinned] if view == "full" else [])
     header: dict[str, Any] = {
@@ -342,7 +342,7 @@ async def fork(store: PersistentContextManager, new_session_id: str, *, at_seq: 
     validate_session_id(new_session_id)
     store._check_open()
     if at_seq is None:
-        state = store._state
+        state = store._full()
     else:
         _check_at_seq(at_seq, store.head_seq)
         from .manager import open_log

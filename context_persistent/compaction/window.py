@@ -122,6 +122,34 @@ def find_start(messages: Sequence[Message], token_of: Callable[[int], int], budg
     return start if start > 0 else None
 
 
+def _older_facts(messages: Sequence[Message], start: int, keep_head: int
+                 ) -> tuple[set[int], list[int], int | None]:
+    """System/developer indices before ``start``, the first ``keep_head`` other indices, the first real user turn.
+
+    A history that lists its system messages (``system_indices``: a lazily opened projection) is read only
+    up to the first user turn and the head; a plain list is scanned up to ``start``.
+    """
+    known = getattr(messages, "system_indices", None)
+    wanted: set[int] = set() if known is None else {i for i in known if i < start}
+    heads: list[int] = []
+    first_user: int | None = None
+    for i in range(start):
+        if known is not None:
+            if len(heads) >= keep_head and first_user is not None:
+                break  # everything else before start is known: the system messages are listed
+            if i in wanted:
+                continue
+        m = messages[i]
+        if is_system(m):
+            wanted.add(i)
+            continue
+        if len(heads) < keep_head:
+            heads.append(i)
+        if first_user is None and is_real_user_turn(m):
+            first_user = i
+    return wanted, heads, first_user
+
+
 def plan_window(messages: Sequence[Message], token_of: Callable[[int], int], pinned: Sequence[int], budget: int,
                 config: CompactionConfig, min_messages: int = WINDOW_MIN_MESSAGES) -> Window | None:
     """The reduced input for a rebuild of ``messages`` (the full history), or None to build from all of it.
@@ -137,18 +165,7 @@ def plan_window(messages: Sequence[Message], token_of: Callable[[int], int], pin
     start = _settle_start(messages, start)
     if start is None:
         return None
-    wanted: set[int] = set()
-    heads: list[int] = []
-    first_user: int | None = None
-    for i in range(start):
-        m = messages[i]
-        if is_system(m):
-            wanted.add(i)
-            continue
-        if len(heads) < config.keep_head:
-            heads.append(i)
-        if first_user is None and is_real_user_turn(m):
-            first_user = i
+    wanted, heads, first_user = _older_facts(messages, start, config.keep_head)
     keep = set(wanted)
     searched: set[int] = set()
     for i in [*heads, *([first_user] if first_user is not None else []), *(p for p in pinned if p < start)]:
@@ -169,9 +186,11 @@ def plan_window(messages: Sequence[Message], token_of: Callable[[int], int], pin
     return Window(start, indices, len(older), marker_message(omitted, None), omitted)
 
 
-def reduced_input(messages: Sequence[Message], tokens: Sequence[int | None], pinned: Sequence[bool],
+def reduced_input(messages: Sequence[Message], tokens: Sequence[int | None], pinned: Any,
                   window: Window, count: Callable[[Message], int]) -> tuple[list[Message], list[int], list[bool]]:
-    """Messages, tokens and pinned flags of the reduced input (the note is pinned so strategies keep it)."""
+    """Messages, tokens and pinned flags of the reduced input (the note is pinned so strategies keep it).
+
+    ``pinned[i]`` says whether history index ``i`` is pinned (a list, or any object indexable by int)."""
     idx = window.indices
     msgs = [messages[i] for i in idx]
     toks = [tokens[i] for i in idx]
