@@ -270,3 +270,74 @@ def test_a_lazy_store_equals_a_loaded_one(conv: tuple, cut: float, budget: int, 
     messages, pins = [dict(m) for m in messages * reps], pins * reps
     stayed = asyncio.run(_same(messages, pins, max(1, int(len(messages) * cut)), budget, max_tokens, ops))
     event(f"first request served lazily: {stayed}")
+
+
+# -- LazyList behaves like the list it stands for -------------------------------------------------------------
+LIST_OPS = st.lists(st.one_of(
+    st.tuples(st.just("get"), st.integers(-40, 40)),
+    st.tuples(st.just("slice"), st.integers(-40, 40), st.integers(-40, 40)),
+    st.tuples(st.just("set"), st.integers(-40, 40), st.integers()),
+    st.tuples(st.just("append"), st.integers()),
+    st.tuples(st.just("len"),),
+    st.tuples(st.just("known"), st.integers(-40, 40)),
+    st.tuples(st.just("index"), st.integers(0, 40)),
+    st.tuples(st.just("del"), st.integers(-40, 40)),
+    st.tuples(st.just("iter"),),
+), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 30), known=st.sets(st.integers(0, 29)), ops=LIST_OPS)
+def test_a_lazy_list_behaves_like_a_list(n: int, known: set[int], ops: list[tuple]) -> None:
+    """Every operation gives what the plain list gives; the rest is loaded only when an operation needs an item
+    that is not in memory (never for items in memory or appended)."""
+    full = [1000 + i for i in range(n)]
+    loads: list[int] = []
+
+    def loader() -> tuple[list, list, list]:
+        loads.append(1)
+        return list(full[:n]), list(full[:n]), list(full[:n])
+
+    known = {i for i in known if i < n}
+    p = Projection.lazy({"pinned": [], "head_seq": 1, "has_history": True, "session": {}}, n,
+                        {i: (full[i], full[i], full[i]) for i in known}, [], loader)
+    lazy, ref = p.messages, list(full)
+
+    def same(f: Any) -> None:
+        try:
+            want: Any = f(ref)
+        except (IndexError, ValueError) as e:
+            with pytest.raises(type(e)):
+                f(lazy)
+            return
+        assert f(lazy) == want
+
+    for op in ops:
+        before = lazy.loaded  # type: ignore[union-attr]
+        if op[0] == "get":
+            same(lambda x: x[op[1]])
+        elif op[0] == "slice":
+            same(lambda x: x[op[1]:op[2]])
+        elif op[0] == "set":
+            same(lambda x: x.__setitem__(op[1], op[2]))
+        elif op[0] == "append":
+            lazy.append(op[1])
+            ref.append(op[1])
+        elif op[0] == "len":
+            assert len(lazy) == len(ref)
+        elif op[0] == "known":
+            i = op[1]
+            if 0 <= i < len(ref):
+                got = lazy.get_known(i, "absent")  # type: ignore[union-attr]
+                assert got == ref[i] or (got == "absent" and i < n and i not in known and not lazy.loaded)
+        elif op[0] == "index":
+            same(lambda x: x.index(1000 + op[1]))
+        elif op[0] == "del":
+            same(lambda x: x.__delitem__(op[1]))
+        elif op[0] == "iter":
+            assert list(lazy) == ref
+        if not before and lazy.loaded and op[0] in ("get", "set", "known"):
+            i = op[1] + (len(ref) if op[1] < 0 else 0)
+            assert 0 <= i < n and i not in known, "loaded although the item was in memory"
+    assert len(loads) <= 1
+    assert lazy == ref
