@@ -25,9 +25,9 @@ Payload layout (bytes)::
 
 The front section (:func:`front_of`) is what the first request view of a long session needs: the session
 facts, every system/developer message, the first turns, each pinned message with the turns around it, and the
-newest messages up to twice the largest budget seen, each with its index, key and token count. Opening a file
-checkpoint reads and verifies the header and the front only; the state section is read, verified and parsed
-when something needs the whole history (:class:`~context_persistent.projection.LazyList`), from the file
+newest messages up to twice the largest budget seen, each with its index, key and token count (if known).
+Opening a file checkpoint reads and verifies the header and the front only; the state section is read, verified
+and parsed when something needs the whole history (:class:`~context_persistent.projection.LazyList`), from the file
 descriptor opened at open (a newer checkpoint renamed over it later does not change what it reads). If the
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 
@@ -254,14 +254,19 @@ def _turns_ahead(messages: Any, i: int, turns: int, ceiling: int) -> int:
     return min(i, ceiling)
 
 
-def front_of(state: Projection, *, keep_head: int, recent_tokens: int, token_of: Callable[[int], int]
-             ) -> dict[str, Any]:
+def _low_estimate(message: dict[str, Any]) -> int:
+    """A deliberately low token estimate (JSON bytes / 6; English text runs at about 4 bytes a token): the
+    newest-messages span then errs on the long side. Only its size depends on it, never a result."""
+    return len(orjson.dumps(message)) // 6 + 1
+
+
+def front_of(state: Projection, *, keep_head: int, recent_tokens: int) -> dict[str, Any]:
     """The front section of a (loaded) projection: see the module docstring.
 
-    ``token_of(i)`` counts message ``i`` (and caches it in ``state.tokens``); only the newest messages are
-    counted, until they reach ``recent_tokens``.
+    Runs on the event loop when a checkpoint is taken, so it tokenises nothing: the newest-messages span is
+    measured with the counts already known and a low estimate for the others.
     """
-    messages, keys = state.messages, state.keys
+    messages, keys, tokens = state.messages, state.keys, state.tokens
     n = len(messages)
     system = [i for i, m in enumerate(messages) if m.get("role") in SYSTEM_ROLES]
     keep: set[int] = set(system)
@@ -278,7 +283,8 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int, token_of:
     acc, r = 0, n
     while r > 0 and acc < recent_tokens:
         r -= 1
-        acc += token_of(r)
+        t = tokens[r]
+        acc += t if t is not None else _low_estimate(messages[r])
     r = _turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
     keep.update(range(r, n))
     # Pinned messages, with the turns around them (their tool groups).
@@ -294,7 +300,7 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int, token_of:
                  "session": state.session, "counts": state.counts},
         "n": n, "system": system, "idx": idx,
         "messages": [messages[j] for j in idx], "keys": [keys[j] for j in idx],
-        "tokens": [state.tokens[j] for j in idx],
+        "tokens": [tokens[j] for j in idx],
     }
 
 
@@ -483,9 +489,9 @@ class Checkpointer:
         self.first_crc: str | None = None
         self.counted = 0  # messages with a token count in the stored checkpoint
         self._task: asyncio.Future[None] | None = None
-        #: Set by the manager: ``() -> (keep_head, recent_tokens, token_of)`` for the front section; None: no
-        #: front section is written (every open then loads the whole state).
-        self.front_hints: Callable[[], tuple[int, int, Callable[[int], int]]] | None = None
+        #: Set by the manager: ``() -> (keep_head, recent_tokens)`` for the front section; None: no front
+        #: section is written (every open then loads the whole state).
+        self.front_hints: Callable[[], tuple[int, int]] | None = None
         #: True when the state at open came from a front section (the rest loads on first need).
         self.lazy = False
         self._lazy_file: Any = None  # the checkpoint file the rest is read from (closed by close())
@@ -680,8 +686,8 @@ class Checkpointer:
         state.materialise()
         front_json = b"null"
         if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
-            keep_head, recent_tokens, token_of = self.front_hints()
-            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, token_of=token_of)
+            keep_head, recent_tokens = self.front_hints()
+            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens)
             front["counted"] = _counted(state)
             front_json = orjson.dumps(front)
         counted = _counted(state)

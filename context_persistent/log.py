@@ -1,13 +1,13 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
-Blocking system calls live in plain methods. Appending with ``fsync="always"`` runs the write and the
-``fdatasync`` directly on the caller's thread: a thread hop costs more than the sync itself on fast disks
-(see docs/performance.md), and agent turns are seconds apart.
+Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
+caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
+0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
+``fsync="batch"`` callers that arrive during a sync simply join the next group.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fcntl
 import os
@@ -321,10 +321,8 @@ class FileEventLog:
         data = lines[0] if len(lines) == 1 else b"".join(lines)
         start = self.size
         self._write(data)
-        if self.fsync_mode == "always":
+        if self.fsync_mode != "never":
             self._sync(start)
-        elif self.fsync_mode == "batch":
-            await asyncio.to_thread(self._sync, start)
         self.last_seq = first_seq + len(lines) - 1
 
     def _write(self, data: bytes) -> None:

@@ -149,7 +149,7 @@ class PersistentContextManager:
         self._readonly = log.readonly
         self._closed = False
         self._loaded_from_file = False
-        self._pending: list[tuple[str, Any, bytes, asyncio.Future[dict[str, Any]]]] = []
+        self._pending: list[tuple[str, Any, bytes, asyncio.Future[None]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
         self._replay: ReplayRecogniser | None = None
@@ -250,12 +250,12 @@ class PersistentContextManager:
     def _tokenizer_name(self) -> str:
         return self._counter.name
 
-    def _front_hints(self) -> tuple[int, int, Any]:
+    def _front_hints(self) -> tuple[int, int]:
         """What a checkpoint's front section must cover (checkpoint.front_of)."""
         from .checkpoint import FRONT_RECENT_FACTOR
 
         budget = max(self.config["max_tokens"], self._max_budget)
-        return self._compaction.keep_head, FRONT_RECENT_FACTOR * budget, self._count_one
+        return self._compaction.keep_head, FRONT_RECENT_FACTOR * budget
 
     def _full(self) -> Projection:
         """The state with the whole history in memory (loads the rest of a lazily opened checkpoint)."""
@@ -329,8 +329,8 @@ class PersistentContextManager:
         if self._readonly:
             raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
 
-    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> dict[str, Any]:
-        """Append one event, apply it once it is durable (per the fsync policy), return the record."""
+    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> None:
+        """Append one event and apply it once it is durable (per the fsync policy)."""
         self._check_writable()
         if data_json is None:
             data_json = codec.dumps(data)
@@ -339,42 +339,55 @@ class PersistentContextManager:
             seq = self._state.head_seq + 1
             ts = codec.now_iso()
             await self._log.append((codec.encode(seq, type_, data_json, ts),), seq)
-            rec = {"seq": seq, "ts": ts, "type": type_, "data": data}
-            self._state.apply(rec)
+            self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
             self._after_append()
-            return rec
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            return
+        await self._enqueue(type_, data, data_json)
+
+    def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[None]:
+        """Queue an event for the next group commit; the future is done once it is durable and applied.
+
+        A plain method returning the future (not a coroutine): ``add_message`` awaits it directly, one
+        coroutine frame less per message. Each caller has its own future: a future shared by the group would
+        be cancelled for all of them when one caller is cancelled.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((type_, data, data_json, fut))
         if self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_pending())
-        return await fut
+        return fut
 
     async def _flush_pending(self) -> None:
-        """Group commit: everything queued so far goes out in one append (one write, one sync)."""
+        """Group commit: everything queued so far goes out in one append (one write, one sync).
+
+        The file log syncs on this thread, so the event loop waits for the fdatasync; callers that become ready
+        meanwhile queue up and form the next group (docs/performance.md has the measurements).
+        """
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                first = self._state.head_seq + 1
-                recs, lines = [], []
+                state = self._state
+                first = state.head_seq + 1
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
-                for i, (type_, data, data_json, _) in enumerate(batch):
-                    lines.append(codec.encode(first + i, type_, data_json, ts))
-                    recs.append({"seq": first + i, "ts": ts, "type": type_, "data": data})
                 try:
+                    encode = codec.encode
+                    lines = [encode(seq, type_, data_json, ts)
+                             for seq, (type_, _, data_json, _) in enumerate(batch, first)]
                     await self._log.append(lines, first)
-                except Exception as e:
+                except Exception as e:  # nothing of this group was applied: each of its callers gets the error
                     for *_, fut in batch:
                         if not fut.done():
                             fut.set_exception(e)
                     continue
-                for rec, (*_, fut) in zip(recs, batch):
-                    self._state.apply(rec)
-                    if rec["type"] != ev.MESSAGE_ADDED and rec["type"] not in ev.AUDIT_EVENTS:
+                apply = state.apply
+                for seq, (type_, data, _, fut) in enumerate(batch, first):
+                    apply({"seq": seq, "ts": ts, "type": type_, "data": data})
+                    if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
-                    if not fut.done():
-                        fut.set_result(rec)
+                    if not fut.done():  # (a cancelled caller's record is written all the same)
+                        fut.set_result(None)
                 self._after_append()
         finally:
             self._flush_task = None
@@ -391,7 +404,9 @@ class PersistentContextManager:
         """
         self._check_writable()
         msg_json = ev.validate_message(message)
-        stored = orjson.loads(msg_json)
+        # Our own copy (the caller may change its dict later). Validated, the message holds only JSON types, so
+        # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
+        stored = _copy(message)
         replay = self._replay
         if replay is not None:
             verdict = replay.offer(stored, msg_json)
@@ -405,7 +420,12 @@ class PersistentContextManager:
                             self.session_id, len(replay.held))
                 return
             await self._write_held(replay)
-        await self._commit(ev.MESSAGE_ADDED, {"message": stored}, b'{"message":%s}' % msg_json)
+            self._check_writable()  # (the store may have been closed meanwhile)
+        data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
+        if self._inline_appends:
+            await self._commit(ev.MESSAGE_ADDED, data, data_json)
+        else:
+            await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
 
     async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
         """Write messages held by the replay recogniser: they turned out not to be a replay."""

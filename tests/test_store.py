@@ -186,6 +186,19 @@ async def test_batch_mode_group_commit(storage: Path) -> None:
     assert seqs == list(range(1, 202))
 
 
+async def test_batch_mode_a_cancelled_caller_does_not_cancel_its_group(storage: Path) -> None:
+    """fsync=batch: cancelling one waiting caller leaves the others of its group committed; its own message was
+    already queued in the group, so it is written all the same."""
+    async with await open_store(storage, fsync="batch") as s:
+        tasks = [asyncio.ensure_future(s.add_message({"role": "user", "content": str(i)})) for i in range(5)]
+        await asyncio.sleep(0)  # every caller has queued its message; the group commit runs next
+        tasks[2].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [type(r) for r in results] == [type(None)] * 2 + [asyncio.CancelledError] + [type(None)] * 2
+        assert [m["content"] for m in await s.get_messages()] == ["0", "1", "2", "3", "4"]
+    assert [e["seq"] for e in events(storage)] == list(range(1, 7))
+
+
 async def test_fsync_never_flushes_on_close(storage: Path) -> None:
     """fsync=never writes without syncing; close() syncs, and everything is there on reopen."""
     async with await open_store(storage, fsync="never") as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -84,6 +85,28 @@ async def test_a_failed_append_raises_stores_nothing_and_the_next_append_continu
     async with await PersistentContextManager.open(storage_path=storage, session_id="s") as again:
         assert await again.get_messages() == [msg(0), msg(1), msg(2), msg(4)]
         assert again.head_seq == 5  # session_started + 4: the failed message left no seq behind
+
+
+@pytest.mark.parametrize("op", ["write", "fdatasync"])
+async def test_batch_mode_a_failed_group_fails_each_of_its_callers_and_the_next_group_commits(
+        storage: Path, faults: Faults, op: str) -> None:
+    """fsync=batch: when a group commit's write or sync fails, every caller in that group gets the LogWriteError
+    and none of their messages is kept; the next group commits normally, with contiguous seqs."""
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="batch")
+    await store.add_message(msg(0))
+    faults.fd, faults.fail = store._log._fd, {op: errno.EIO}
+    failed = await asyncio.gather(*(store.add_message(msg(i)) for i in range(1, 6)), return_exceptions=True)
+    assert [type(r) for r in failed] == [LogWriteError] * 5
+    assert await store.get_messages() == [msg(0)]
+    assert _log_messages(store.path) == [msg(0)]
+    faults.fail = {}
+    await asyncio.gather(*(store.add_message(msg(i)) for i in range(6, 9)))
+    assert await store.get_messages() == [msg(0), msg(6), msg(7), msg(8)]
+    await store.close()
+    seqs = [r["seq"] for r, _ in scan(store.path)]
+    assert seqs == list(range(1, len(seqs) + 1)) and store.head_seq == 5  # session_started + 4 messages
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as again:
+        assert await again.get_messages() == [msg(0), msg(6), msg(7), msg(8)]
 
 
 async def test_a_partial_write_before_disk_full_is_rolled_back(storage: Path, faults: Faults) -> None:
