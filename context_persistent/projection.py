@@ -319,12 +319,16 @@ class Projection:
                  LazyList(bulk, {i: v[2] for i, v in known.items()}))
         bulk.lists = lists
         p.messages, p.keys, p.tokens = lists  # type: ignore[assignment]
-        p.pinned = set(meta["pinned"])
-        p.head_seq = int(meta["head_seq"])
-        p.has_history = bool(meta["has_history"])
-        p.session = dict(meta["session"])
-        p.counts = dict(meta.get("counts", {}))
+        p._set_facts(meta)
         return p
+
+    def _set_facts(self, facts: dict[str, Any]) -> None:
+        """Pins, head seq, history flag, session data and event counts from a checkpoint."""
+        self.pinned = set(facts["pinned"])
+        self.head_seq = int(facts["head_seq"])
+        self.has_history = bool(facts["has_history"])
+        self.session = dict(facts["session"])
+        self.counts = dict(facts.get("counts", {}))
 
     # -- checkpoint support -------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -348,9 +352,5 @@ class Projection:
         p.tokens = list(state["tokens"])
         if not (len(p.messages) == len(p.keys) == len(p.tokens)):
             raise ValueError("checkpoint state has lists of different lengths")
-        p.pinned = set(state["pinned"])
-        p.head_seq = int(state["head_seq"])
-        p.has_history = bool(state["has_history"])
-        p.session = dict(state["session"])
-        p.counts = dict(state.get("counts", {}))
+        p._set_facts(state)
         return p

@@ -97,3 +97,15 @@ def conversations(draw: st.DrawFn, max_segments: int = 25) -> tuple[list[Message
     pinned = draw(st.lists(st.integers(0, 5).map(lambda x: x == 0),
                            min_size=len(messages), max_size=len(messages)))
     return messages, pinned
+
+
+def tool_turns(n: int, size: int = 300) -> list[Message]:
+    """``n`` turns of user question, assistant tool call, tool result, assistant answer (OpenAI format)."""
+    out: list[Message] = []
+    for i in range(n):
+        out.append({"role": "user", "content": f"question {i} " + "q" * size})
+        out.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]})
+        out.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i} " + "r" * size})
+        out.append({"role": "assistant", "content": f"answer {i} " + "a" * size})
+    return out

@@ -22,21 +22,10 @@ from context_persistent.log import scan
 from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
 from context_persistent.projection import Projection
 
-from strategies import conversations
+from strategies import conversations, tool_turns as _turns
 
 S = "s"
 CONFIG: dict[str, Any] = dict(fsync="never", tokenizer="chars/4", recognise_replay=False)
-
-
-def _turns(n: int, size: int = 300) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        out.append({"role": "user", "content": f"question {i} " + "q" * size})
-        out.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]})
-        out.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i} " + "r" * size})
-        out.append({"role": "assistant", "content": f"answer {i} " + "a" * size})
-    return out
 
 
 async def _open(storage: Path, window: int = 512, **config: Any) -> PersistentContextManager:

@@ -14,7 +14,7 @@ from context_persistent import PersistentContextManager
 from context_persistent.compaction import CompactionConfig, _request
 from context_persistent.compaction.invariants import check_view
 
-from strategies import conversations
+from strategies import conversations, tool_turns as _turns
 
 STRATEGIES = st.sampled_from(["smart", "simple", "head_tail"])
 
@@ -64,17 +64,6 @@ def test_windowed_views_satisfy_every_invariant(conv: tuple, cut: float, budget:
     messages, pins = conv
     assume(len(messages) >= 8)
     asyncio.run(_check(messages, pins, max(1, int(len(messages) * cut)), budget, strategy))
-
-
-def _turns(n: int, size: int = 300) -> list[dict]:
-    out: list[dict] = []
-    for i in range(n):
-        out.append({"role": "user", "content": f"question {i} " + "q" * size})
-        out.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]})
-        out.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i} " + "r" * size})
-        out.append({"role": "assistant", "content": f"answer {i} " + "a" * size})
-    return out
 
 
 async def test_first_request_counts_a_bounded_number_of_messages(storage: Any) -> None:
