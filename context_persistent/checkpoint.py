@@ -101,7 +101,7 @@ class Checkpoint:
     tokenizer: str | None
     format: int
     schema: list[str]
-    state: dict[str, Any] | None  #: None when only the front was read (:func:`decode_front`)
+    state: dict[str, Any] | None  #: None when only the front was read (:func:`read_front`)
     front: dict[str, Any] | None = None
 
 
@@ -492,8 +492,6 @@ class Checkpointer:
         #: Set by the manager: ``() -> (keep_head, recent_tokens)`` for the front section; None: no front
         #: section is written (every open then loads the whole state).
         self.front_hints: Callable[[], tuple[int, int]] | None = None
-        #: True when the state at open came from a front section (the rest loads on first need).
-        self.lazy = False
         self._lazy_file: Any = None  # the checkpoint file the rest is read from (closed by close())
 
     # -- loading --------------------------------------------------------------------------------------
@@ -560,7 +558,6 @@ class Checkpointer:
                 if opened is None:
                     return cp, restore(cp, tokenizer)
                 state = restore_front(cp, tokenizer, state_loader)
-                self.lazy = True
                 self._lazy_file = f
                 return cp, state
         except CheckpointError as e:
@@ -574,6 +571,16 @@ class Checkpointer:
                    log: Any) -> tuple[list[Any], list[Any], list[Any]]:
         """The whole state of a lazily opened checkpoint: its state section, or, if that fails verification,
         the log replayed up to the checkpoint's seq (the log is the source of truth)."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # (as in the manager's open: millions of long-lived acyclic objects, nothing to collect)
+        try:
+            return self._read_rest(f, offset, length, cp, tokenizer, log)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _read_rest(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
+                   log: Any) -> tuple[list[Any], list[Any], list[Any]]:
         try:
             try:
                 state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer)
@@ -597,16 +604,10 @@ class Checkpointer:
         from .log import scan
 
         state = Projection()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # (as in the manager's open: millions of acyclic objects)
-        try:
-            for rec, _ in scan(log.path, 0, 1, cp.position):
-                if rec["seq"] > cp.seq:
-                    break
-                state.apply(rec)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        for rec, _ in scan(log.path, 0, 1, cp.position):
+            if rec["seq"] > cp.seq:
+                break
+            state.apply(rec)
         if state.head_seq != cp.seq:
             raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
         return state

@@ -461,8 +461,6 @@ class PersistentContextManager:
         await self._commit(ev.CLEARED, {})
 
     def _resolve_key(self, message_index: int | None, seq: int | None) -> int:
-        if self._replay is not None and self._replay.held:
-            raise ValueError("a replay of the loaded history is in progress; pin/unpin/redact after it ends")
         if (message_index is None) == (seq is None):
             raise ValueError("give exactly one of message_index (position in get_messages()) or seq")
         state = self._state
@@ -480,15 +478,18 @@ class PersistentContextManager:
 
     async def pin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Mark a message that compaction must always keep (survives restarts)."""
+        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.PINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def unpin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
+        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.UNPINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def redact(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Hide a message from every view and export (a tombstone event; the log keeps its bytes)."""
+        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 

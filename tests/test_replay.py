@@ -77,3 +77,18 @@ async def test_can_be_switched_off(storage: Path) -> None:
         for m in TRANSCRIPT:
             await s.add_message(m)
         assert len(await s.get_messages()) == len(HISTORY) + len(TRANSCRIPT)
+
+
+async def test_pin_unpin_redact_end_recognition_and_count_held_messages(storage: Path) -> None:
+    """A pin, unpin or redaction during a replay writes the held messages first (they were real), so an index
+    counts them as get_messages() then shows them; a redaction while nothing is held ends recognition too."""
+    await _seed(storage)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="r") as s:
+        await s.add_message(TRANSCRIPT[0])  # held: it matches the loaded history so far
+        await s.pin(4)  # index 4 is the held message, written first
+        history = await s.get_messages()
+        assert history == [*HISTORY, TRANSCRIPT[0]] and s._state.keys[4] in s._state.pinned
+    async with await PersistentContextManager.open(storage_path=storage, session_id="r") as s:
+        await s.redact(1)  # nothing held: recognition ends with this write
+        await s.add_message(TRANSCRIPT[1])  # would have matched the old history; now simply stored
+        assert (await s.get_messages())[-1] == TRANSCRIPT[1]
