@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -37,6 +38,8 @@ from .errors import SessionExistsError
 from .paths import DIR_MODE, FILE_MODE, LOG_NAME, fsync_dir, make_private_dirs, session_dir, validate_session_id
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
+
+logger = logging.getLogger("context_persistent.snapshot")
 
 if TYPE_CHECKING:
     from .eventlog import EventLog
@@ -320,8 +323,28 @@ async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path
         started["tokenizer"] = header["tokenizer"]
     lines = session_lines(session_id, started, messages, pins, stamps)
     log_path = await create_session(storage_path, session_id, lines, cfg)
+    await _first_checkpoint(storage_path, session_id, lines, cfg)
     return {"session_id": session_id, "source": kind, "messages": len(messages), "pinned": len(pins),
             "head_seq": len(lines), "path": str(log_path), "from": str(p)}
+
+
+async def _first_checkpoint(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
+                            config: dict[str, Any]) -> None:
+    """Open a newly created long session once, so that its close writes the first checkpoint: its first resume
+    then reads only the checkpoint's front section (docs/operations.md, "Lazy open"). A checkpoint is a cache:
+    a failure here is logged and the session stands as created."""
+    from .checkpoint import CLOSE_MIN_BYTES
+    from .manager import PersistentContextManager
+
+    if sum(map(len, lines)) < CLOSE_MIN_BYTES:
+        return  # a short log replays quickly; the first close writes a checkpoint when it is worth it
+    backend = {k: config[k] for k in ("backend", "dsn", "pg_schema") if config.get(k) is not None}
+    try:
+        store = await PersistentContextManager.open(storage_path=storage_path, session_id=session_id, **backend)
+        await store.close()
+    except Exception as e:
+        logger.warning("session %s: created, but its first checkpoint could not be written (%s); the first open "
+                       "will replay the whole log", session_id, e)
 
 
 def _backend_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -359,6 +382,7 @@ async def fork(store: PersistentContextManager, new_session_id: str, *, at_seq: 
     lines = session_lines(new_session_id, started, list(state.messages), pins)
     backend = store.config if store.config.get("backend", "file") != "file" else None
     log_path = await create_session(store.storage_path, new_session_id, lines, backend)
+    await _first_checkpoint(store.storage_path, new_session_id, lines, backend or {})
     return {"session_id": new_session_id, "parent": store.session_id, "seq": seq,
             "messages": len(state.messages), "pinned": len(pins), "head_seq": len(lines), "path": str(log_path)}
 

@@ -330,3 +330,22 @@ def test_a_lazy_list_behaves_like_a_list(n: int, known: set[int], ops: list[tupl
             assert 0 <= i < n and i not in known, "loaded although the item was in memory"
     assert len(loads) <= 1
     assert lazy == ref
+
+
+async def test_imports_and_forks_of_long_sessions_start_with_a_checkpoint(storage: Path, tmp_path: Path) -> None:
+    """An import or a fork of more than 1 MiB writes the new session's first checkpoint, so even its first
+    resume is lazy; a short one writes none (its first close does, when worth it)."""
+    from context_persistent import import_
+
+    await _long_session(storage, max_tokens=10_000)
+    async with await _open(storage, max_tokens=10_000) as store:
+        await store.export(tmp_path / "snap.jsonl", format="jsonl")
+        await store.fork("forked")
+        await store.fork("short", at_seq=1)
+    await import_(tmp_path / "snap.jsonl", session_id="imported", storage_path=storage)
+    for sid in ("forked", "imported"):
+        assert (storage / sid / CHECKPOINT_NAME).exists(), sid
+        async with await PersistentContextManager.open(storage_path=storage, session_id=sid, **CONFIG) as s:
+            assert s._state.is_lazy
+            assert len(await s.get_messages()) == 6001
+    assert not (storage / "short" / CHECKPOINT_NAME).exists()
