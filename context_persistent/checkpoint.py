@@ -59,9 +59,9 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from . import codec
-from .grouping import has_result_blocks, is_real_user_turn
+from .grouping import has_result_blocks, is_real_user_turn, is_system
 from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir
-from .projection import SYSTEM_ROLES, BaseLoader, Projection
+from .projection import BaseLoader, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
 
@@ -268,13 +268,13 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int) -> dict[s
     """
     messages, keys, tokens = state.messages, state.keys, state.tokens
     n = len(messages)
-    system = [i for i, m in enumerate(messages) if m.get("role") in SYSTEM_ROLES]
+    system = [i for i, m in enumerate(messages) if is_system(m)]
     keep: set[int] = set(system)
     # The head: the first keep_head non-system messages and the first real user turn, then a few turns more.
     i, seen, first_user = 0, 0, False
     while i < n and (seen < keep_head or not first_user) and i < FRONT_MAX_SPAN:
         m = messages[i]
-        if m.get("role") not in SYSTEM_ROLES:
+        if not is_system(m):
             seen += 1
             first_user = first_user or is_real_user_turn(m)
         i += 1

@@ -29,7 +29,10 @@ def split_key(key: int) -> tuple[int, int]:
     return key >> INDEX_BITS, key & (MAX_BATCH - 1)
 
 
-SYSTEM_ROLES = ("system", "developer")  # grouping.SYSTEM_ROLES (this module imports nothing from compaction)
+
+#: grouping.SYSTEM_ROLES, repeated so that ``import context_persistent`` does not load grouping (~10 ms);
+#: tests/test_lazy_open.py checks that the two agree.
+SYSTEM_ROLES = ("system", "developer")
 
 #: Loads the part of the state a lazy projection does not hold yet: returns ``(messages, keys, tokens)`` of
 #: the first ``n`` messages (see :class:`LazyList`).
@@ -53,10 +56,10 @@ class _Bulk:
         if loader is None:
             return
         base = loader()  # (if it raises, the next access tries again and raises again: nothing half-loaded)
-        self.loader = None
-        assert self.lists is not None
         if any(len(part) != self.n for part in base):
             raise ValueError(f"the loaded state holds {[len(p) for p in base]} items, expected {self.n}")
+        self.loader = None
+        assert self.lists is not None
         for lazy, full in zip(self.lists, base):
             lazy._fill(full)
         owner = self.owner

@@ -349,3 +349,9 @@ async def test_imports_and_forks_of_long_sessions_start_with_a_checkpoint(storag
             assert s._state.is_lazy
             assert len(await s.get_messages()) == 6001
     assert not (storage / "short" / CHECKPOINT_NAME).exists()
+
+
+def test_the_projection_knows_the_same_system_roles_as_grouping() -> None:
+    from context_persistent import grouping, projection
+
+    assert frozenset(projection.SYSTEM_ROLES) == grouping.SYSTEM_ROLES
