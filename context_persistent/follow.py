@@ -8,7 +8,8 @@ costs latency, never an event).
 
 What the cursor handles:
 - growth: reads from the remembered offset; a record the writer is still writing (no newline yet, or a
-  final line that does not verify) is waited for, not reported as corruption;
+  final line that does not verify) is waited for, not reported as corruption; the NUL bytes a writer
+  reserves after its data (docs/format.md, "The reserved tail") end the data, like the end of the file;
 - a writer restart: the new writer cuts a torn tail, so the file may shrink (never below what we reported)
   and grow again; if it ever shrinks below our offset or is replaced (new inode), the cursor re-reads from
   the start and re-synchronises by seq, checking that the last record it reported is still there unchanged
@@ -76,18 +77,22 @@ class _Cursor:
             want = st.st_size - self.offset
             if want <= 0:
                 return [], False
-            data = os.pread(fd, min(want, self._limit), self.offset)
+            raw = os.pread(fd, min(want, self._limit), self.offset)
         finally:
             os.close(fd)
+        # A writer with fsync="always" keeps NUL bytes reserved after its data (log.data_end): they end it.
+        data = raw.rstrip(b"\0") if raw.endswith(b"\0") else raw
+        data_end = st.st_size if len(data) == len(raw) else self.offset + len(data)
+        more = len(raw) < want and data_end == st.st_size  # more of the file than this read holds
         end = data.rfind(b"\n") + 1
         if end == 0:
-            if len(data) < want:  # one record longer than the read limit: read more next time
+            if more:  # one record longer than the read limit: read more next time
                 self._limit *= 2
                 return [], True
             return [], False  # a record being written: wait for its newline
         self._limit = _READ_LIMIT
-        out = self._parse(data, end, at_eof=self.offset + end >= st.st_size)
-        return out, len(data) < want
+        out = self._parse(data, end, at_eof=self.offset + end >= data_end)
+        return out, more
 
     def _parse(self, data: bytes, n: int, at_eof: bool) -> list[dict[str, Any]]:
         """Records in ``data[:n]`` (whole lines); stops before a bad last line when it ends the file."""

@@ -37,7 +37,7 @@ from . import codec
 from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
-from .log import FileLock
+from .log import FileLock, data_size
 from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir
 from .projection import Projection
 
@@ -312,7 +312,7 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
 
     ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it)."""
     path = _log_path(directory, session_id)
-    size = path.stat().st_size  # a writer may append meanwhile: we check what was there when we started
+    size = data_size(path)  # a writer may append meanwhile: we check what was there when we started
     status, on_record, finish = _check_checkpoint(directory, session_id)
     walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress).run()
     finish(walk)
@@ -396,7 +396,7 @@ def repair(directory: Path, session_id: str, progress: Callable[[int, int], None
 
 def _repair_locked(directory: Path, session_id: str, path: Path,
                    progress: Callable[[int, int], None] | None = None) -> RepairResult:
-    size = path.stat().st_size
+    size = data_size(path)  # (the writer's reserved tail, if a crash left one, is not part of the log)
     status, on_record, finish = _check_checkpoint(directory, session_id)
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)

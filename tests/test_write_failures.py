@@ -29,21 +29,24 @@ def _log_messages(path: Path) -> list[dict[str, Any]]:
 
 
 class Faults:
-    """Makes os.write / os.fdatasync / os.ftruncate fail for one file descriptor only (others pass through)."""
+    """Makes os.write (and os.pwrite) / os.fdatasync / os.ftruncate fail for one file descriptor only (others
+    pass through)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.fd = -1
         self.fail: dict[str, int] = {}
         self.partial = False
-        real = {name: getattr(os, name) for name in ("write", "fdatasync", "ftruncate")}
+        real = {name: getattr(os, name) for name in ("write", "pwrite", "fdatasync", "ftruncate")}
 
         def wrap(name: str) -> Any:
+            op = "write" if name == "pwrite" else name  # a "write" fault fails both ways of writing
+
             def fake(fd: int, *args: Any) -> Any:
-                if fd == self.fd and name in self.fail:
-                    if name == "write" and self.partial:
+                if fd == self.fd and op in self.fail:
+                    if op == "write" and self.partial:
                         self.partial = False  # half of it lands, then the disk is full
-                        return real["write"](fd, bytes(args[0])[: max(1, len(args[0]) // 2)])
-                    code = self.fail[name]
+                        return real[name](fd, bytes(args[0])[: max(1, len(args[0]) // 2)], *args[1:])
+                    code = self.fail[op]
                     raise OSError(code, os.strerror(code))
                 return real[name](fd, *args)
             return fake
@@ -113,11 +116,11 @@ async def test_a_partial_write_before_disk_full_is_rolled_back(storage: Path, fa
     """Half a record written before ENOSPC is truncated away, so the log never holds a torn record mid-file."""
     store = await PersistentContextManager.open(storage_path=storage, session_id="s")
     await store.add_message(msg(0))
-    size = store.path.stat().st_size
+    before = store.path.read_bytes().rstrip(b"\0")  # (the writer's reserved tail is NUL bytes)
     faults.fd, faults.fail, faults.partial = store._log._fd, {"write": errno.ENOSPC}, True
     with pytest.raises(LogWriteError, match="No space left"):
         await store.add_message(msg(1, 5000))
-    assert store.path.stat().st_size == size
+    assert store.path.read_bytes().rstrip(b"\0") == before
     faults.fail = {}
     await store.add_message(msg(2))
     await store.close()

@@ -112,10 +112,11 @@ async def _open(args: argparse.Namespace, session: str) -> Any:
 def _last_ts(log_path: Path) -> str | None:
     """The timestamp of the last complete record (read from the file's end; no full scan)."""
     from .. import codec
+    from ..log import data_end
 
     try:
         with open(log_path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            size = data_end(f.fileno())
             back = min(size, 1 << 16)
             f.seek(size - back)
             chunk = f.read(back)
