@@ -45,6 +45,7 @@ while appends continue. With ``checkpoint_every = K`` that is O(state / K) amort
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import functools
 import gc
@@ -61,7 +62,7 @@ import orjson
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
 from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir
-from .projection import BaseLoader, Projection
+from .projection import BaseLoader, LazyList, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
 
@@ -76,6 +77,8 @@ CLOSE_MIN_EVENTS = 256
 CLOSE_MIN_BYTES = 1 << 20
 #: Payloads larger than this are framed (CRC, copy) in a worker thread.
 _THREAD_MIN = 1 << 20
+#: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
+DUMP_STEP = 16_384
 _TRAILER = 9  # 8 hex digits + newline
 #: Front section: turns kept after the head and around each pinned message (what a group search may read),
 #: and the most messages one span may hold (beyond it a rebuild simply loads the rest).
@@ -111,18 +114,49 @@ def snapshot(state: Projection) -> bytes:
     return orjson.dumps(state.to_state())
 
 
+async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
+    """:func:`snapshot` of a :meth:`Projection.capture`, serialised ``step`` list items at a time.
+
+    The event loop runs other tasks between steps, so a checkpoint of a large session never holds it for
+    long: one ``orjson.dumps`` of a million messages takes a third of a second or more, a step of
+    ``DUMP_STEP`` a few milliseconds (docs/operations.md). Returns the pieces, whose concatenation parses
+    to the same state as :func:`snapshot`'s bytes; :func:`encode` joins them (in a worker thread when large).
+    """
+    step = step or DUMP_STEP
+    parts = [b"{"]
+    for name in ("messages", "keys", "tokens"):
+        items = captured[name]
+        parts.append(b'"%s":[' % name.encode())
+        for start in range(0, len(items), step):
+            if start:
+                parts.append(b",")
+                await asyncio.sleep(0)
+            parts.append(orjson.dumps(items[start:start + step])[1:-1])
+        parts.append(b"],")
+    rest = {k: v for k, v in captured.items() if k not in ("messages", "keys", "tokens")}
+    parts.append(orjson.dumps(rest)[1:])  # (the facts, without their opening brace)
+    return parts
+
+
 def encode(*, session_id: str, seq: int, position: int | None, first_crc: str | None, last_crc: str | None,
-           tokenizer: str | None, state_json: bytes, front_json: bytes = b"null") -> bytes:
-    """Frame a state snapshot (and its front section) into a self-checking payload (module docstring)."""
+           tokenizer: str | None, state_json: bytes | list[bytes], front_json: bytes = b"null") -> bytes:
+    """Frame a state snapshot (and its front section) into a self-checking payload (module docstring).
+
+    ``state_json``: the state's JSON, or the pieces :func:`dump_in_steps` returns (joined here, once)."""
+    parts = [state_json] if isinstance(state_json, bytes) else state_json
     header = orjson.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
-        "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": len(state_json),
+        "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json),
+        "state_bytes": sum(map(len, parts)),
     })
     crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
-    crc2 = zlib.crc32(b"\n", zlib.crc32(state_json))
+    crc2 = 0
+    for part in parts:
+        crc2 = zlib.crc32(part, crc2)
+    crc2 = zlib.crc32(b"\n", crc2)
     return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1,
-                     state_json, b"\n", b"%08x\n" % crc2))  # one copy of the state
+                     *parts, b"\n", b"%08x\n" % crc2))  # one copy of the state
 
 
 def _check_crc(data: bytes | memoryview, what: str) -> None:
@@ -260,15 +294,54 @@ def _low_estimate(message: dict[str, Any]) -> int:
     return len(orjson.dumps(message)) // 6 + 1
 
 
-def front_of(state: Projection, *, keep_head: int, recent_tokens: int) -> dict[str, Any]:
+class SystemIndex:
+    """The indices of a projection's system/developer messages, rescanning only what was appended since.
+
+    Keys increase strictly along the history, and only appends add items without giving every item a new
+    key (``messages_replaced`` does), so finding the key last seen at the index last seen means the prefix up
+    to it is unchanged; otherwise (a redaction, a replace, a clear) the whole history is scanned again.
+    Without it, every checkpoint of a million-message session scanned them all on the event loop (~0.25 s).
+    """
+
+    __slots__ = ("scanned", "last_key", "found")
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        self.last_key: int | None = None
+        self.found: list[int] = []
+
+    def seed(self, state: Projection) -> None:
+        """Take the indices a lazy history holds (it knows every system message), so that no checkpoint of
+        this process scans the history, not even after the rest is loaded. Never loads anything."""
+        messages, keys = state.messages, state.keys
+        known = getattr(messages, "system_indices", None)
+        n = len(messages)
+        last = keys.get_known(n - 1) if n and isinstance(keys, LazyList) else None
+        if known is not None and last is not None:
+            self.found, self.scanned, self.last_key = list(known), n, last
+
+    def of(self, state: Projection) -> list[int]:
+        messages, keys = state.messages, state.keys
+        n, start = len(messages), self.scanned
+        if start > n or (start and keys[start - 1] != self.last_key):
+            start, self.found = 0, []
+        self.found += [i for i in range(start, n) if is_system(messages[i])]
+        self.scanned, self.last_key = n, (keys[n - 1] if n else None)
+        return list(self.found)
+
+
+def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
+             system: list[int] | None = None) -> dict[str, Any]:
     """The front section of a (loaded) projection: see the module docstring.
 
-    Runs on the event loop when a checkpoint is taken, so it tokenises nothing: the newest-messages span is
-    measured with the counts already known and a low estimate for the others.
+    Runs on the event loop when a checkpoint is taken, so it tokenises nothing (the newest-messages span is
+    measured with the counts already known and a low estimate for the others) and does not scan the history:
+    ``system`` comes from a :class:`SystemIndex` and pinned messages are found by bisection over the keys.
     """
     messages, keys, tokens = state.messages, state.keys, state.tokens
     n = len(messages)
-    system = [i for i, m in enumerate(messages) if is_system(m)]
+    if system is None:
+        system = SystemIndex().of(state)
     keep: set[int] = set(system)
     # The head: the first keep_head non-system messages and the first real user turn, then a few turns more.
     i, seen, first_user = 0, 0, False
@@ -285,15 +358,16 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int) -> dict[s
         r -= 1
         t = tokens[r]
         acc += t if t is not None else _low_estimate(messages[r])
-    r = _turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
+    if r < n:  # (recent_tokens 0: no newest span at all)
+        r = _turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
     keep.update(range(r, n))
     # Pinned messages, with the turns around them (their tool groups).
-    if state.pinned:
-        for p, k in enumerate(keys):
-            if k in state.pinned and p < r:
-                lo = _turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
-                hi = _turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN))
-                keep.update(range(lo, hi))
+    for k in state.pinned:
+        p = bisect.bisect_left(keys, k)  # (keys increase strictly: see SystemIndex)
+        if p < r and keys[p] == k:
+            lo = _turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
+            hi = _turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN))
+            keep.update(range(lo, hi))
     idx = sorted(keep)
     return {
         "meta": {"pinned": sorted(state.pinned), "head_seq": state.head_seq, "has_history": state.has_history,
@@ -493,6 +567,7 @@ class Checkpointer:
         #: section is written (every open then loads the whole state).
         self.front_hints: Callable[[], tuple[int, int]] | None = None
         self._lazy_file: Any = None  # the checkpoint file the rest is read from (closed by close())
+        self._system = SystemIndex()
 
     # -- loading --------------------------------------------------------------------------------------
     async def load(self, log: Any, tokenizer: Callable[[], str]) -> Projection:
@@ -558,6 +633,7 @@ class Checkpointer:
                 if opened is None:
                     return cp, restore(cp, tokenizer)
                 state = restore_front(cp, tokenizer, state_loader)
+                self._system.seed(state)
                 self._lazy_file = f
                 return cp, state
         except CheckpointError as e:
@@ -681,14 +757,15 @@ class Checkpointer:
             await self._write(*self._prepare(state, log, tokenizer), log)
 
     def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]
-                 ) -> tuple[int, int | None, str | None, str | None, bytes, bytes, int]:
-        """What must be read from the live state now: seq, position, tokenizer, last crc, state JSON, front
-        JSON, counts. (A lazy state is loaded whole first.)"""
+                 ) -> tuple[int, int | None, str | None, str | None, dict[str, Any], bytes, int]:
+        """What must be read from the live state now: seq, position, tokenizer, last crc, the captured state
+        (serialised later, in steps), front JSON, counts. (A lazy state is loaded whole first.)"""
         state.materialise()
         front_json = b"null"
         if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
             keep_head, recent_tokens = self.front_hints()
-            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens)
+            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens,
+                             system=self._system.of(state))
             front["counted"] = _counted(state)
             front_json = orjson.dumps(front)
         counted = _counted(state)
@@ -698,20 +775,23 @@ class Checkpointer:
         if last is not None:
             rec = last(position)
             last_crc = rec.get("crc") if rec is not None and rec["seq"] == state.head_seq else None
-        return (state.head_seq, position, tokenizer() if counted else None, last_crc, snapshot(state), front_json,
+        return (state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(), front_json,
                 counted)
 
     async def _write(self, seq: int, position: int | None, tokenizer: str | None, last_crc: str | None,
-                     state_json: bytes, front_json: bytes, counted: int, log: Any) -> None:
+                     captured: dict[str, Any], front_json: bytes, counted: int, log: Any) -> None:
         store = self.store
         assert store is not None
         try:
+            state_json = await dump_in_steps(captured)
+            del captured  # (the copies of the lists are not needed any more)
             if self.first_crc is None:
                 self.first_crc = await first_record_crc(log)
             fields = dict(session_id=self.session_id, seq=seq, position=position, first_crc=self.first_crc,
                           last_crc=last_crc, tokenizer=tokenizer, state_json=state_json, front_json=front_json)
             framing = functools.partial(encode, **fields)  # type: ignore[arg-type]
-            payload = await asyncio.to_thread(framing) if len(state_json) >= _THREAD_MIN else framing()
+            large = sum(map(len, state_json)) >= _THREAD_MIN
+            payload = await asyncio.to_thread(framing) if large else framing()
             await store.save(payload, seq)
             if seq >= self.seq:
                 self.seq = seq

@@ -347,6 +347,25 @@ class Projection:
             "counts": self.counts,
         }
 
+    def capture(self) -> dict[str, Any]:
+        """:meth:`to_state` as of now, unaffected by later changes: the lists are shallow copies.
+
+        A copy of a list of a million messages takes milliseconds; the messages themselves are shared,
+        which is safe because a stored message is never changed in place (every event that changes the
+        history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint.py).
+        """
+        self.materialise()
+        return {
+            "messages": list(self.messages),
+            "keys": list(self.keys),
+            "tokens": list(self.tokens),
+            "pinned": sorted(self.pinned),
+            "head_seq": self.head_seq,
+            "has_history": self.has_history,
+            "session": dict(self.session),
+            "counts": dict(self.counts),
+        }
+
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "Projection":
         p = cls()
