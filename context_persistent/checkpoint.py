@@ -6,8 +6,9 @@ Deleting one is always safe.
 
 Three layers, so any backend can store the same payload:
 
-* the payload (pure): :func:`snapshot` serialises a :class:`Projection` (one ``orjson.dumps`` call),
-  :func:`encode` frames it with a header and a CRC, :func:`decode` verifies and parses it,
+* the payload (pure): :func:`snapshot` serialises a :class:`Projection` (one ``orjson.dumps`` call;
+  :func:`dump_in_steps` does the same for a :meth:`Projection.capture` in steps between which the event loop
+  runs), :func:`encode` frames it with a header and a CRC, :func:`decode` verifies and parses it,
   :func:`mismatch` and :func:`restore` decide whether it fits this session and rebuild the state;
 * where it is stored: a :class:`CheckpointStore` (``load``/``save``/``discard`` of payload bytes);
   :class:`FileCheckpointStore` keeps ``<session>/checkpoint.json`` (temp file 0600, fsync, rename, fsync
@@ -16,8 +17,9 @@ Three layers, so any backend can store the same payload:
 
 Payload layout (bytes)::
 
-    {"checkpoint":2,"format":1,"schema":[...],"session_id":"…","seq":N,"position":P,
-     "first_crc":"…","last_crc":"…","tokenizer":"…"|null,"front_bytes":F,"state_bytes":L}\\n  <- header line
+    {"checkpoint":3,"format":1,"schema":[...],"session_id":"…","seq":N,"position":P,
+     "first_crc":"…","last_crc":"…","tokenizer":"…"|null,"front_bytes":F,"state_bytes":L,
+     "base":null|{"seq":B,"position":Q,"last_crc":"…"}}\\n                     <- header line
     <F bytes: the front section JSON, or null>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the header line and the front section
     <L bytes: the state JSON, Projection.to_state()>\\n
@@ -31,15 +33,23 @@ and parsed when something needs the whole history (:class:`~context_persistent.p
 descriptor opened at open (a newer checkpoint renamed over it later does not change what it reads). If the
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 
+A *based* checkpoint (``base`` not null) is what a store writes while its history is still lazy: a new header
+and front section, followed by the state section of the checkpoint it was opened from, copied byte for byte
+(not loaded): that section is at ``base``, and loading the rest replays the log from ``base.position`` up to
+``position``. So a periodic checkpoint never has to load a lazily opened history (seconds at a million
+messages). The log between is bounded (``BASE_MAX_FACTOR``), and ``base`` is anchored like ``seq`` (its
+record's seq and CRC at its position). Layout 2 (no ``base``) is still read.
+
 Identity: ``session_id``, the log ``format``, the projection layout (``schema``: its slot names) and
 ``first_crc``, the checksum of the log's first record (``session_started``, unique by its timestamp), which
 rejects a checkpoint of an older incarnation of the same session id. ``last_crc`` is the checksum of the
 record at ``seq``; a backend that can look it up (``log.record_before(position)``) proves the log still holds
 that exact record at that position. A log shorter than the checkpoint is detected after the tail read.
 
-Cost: a checkpoint is O(state): serialising is one ``orjson.dumps`` of the projection on the caller (about
-1 GB/s) so the state cannot change under it; framing, CRC and the file write + fsync run in a worker thread
-while appends continue. With ``checkpoint_every = K`` that is O(state / K) amortised per append.
+Cost: a checkpoint is O(state). In the caller's turn only the capture (shallow copies of three lists) and
+the front section; the state is serialised in steps of ``DUMP_STEP`` items with the event loop free between
+them, and framing, CRC and the file write + fsync run in a worker thread while appends continue. With
+``checkpoint_every = K`` that is O(state / K) amortised per append.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import errno
 import functools
 import gc
 import logging
@@ -62,12 +73,14 @@ import orjson
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
 from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir
-from .projection import BaseLoader, LazyList, Projection
+from .projection import BaseLoader, LazyList, LoadRefused, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
 
-#: Version of the payload layout above; a different one is ignored.
-CHECKPOINT_VERSION = 2
+#: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
+#: ``base`` (a state section older than the front); version 2 payloads read the same without it.
+CHECKPOINT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 #: The projection layout a payload was written for: a new field invalidates old checkpoints by itself.
 SCHEMA = sorted(Projection.__slots__)
 #: On close, a checkpoint is written only if at least this many events (or ``checkpoint_every``, if smaller)
@@ -79,6 +92,10 @@ CLOSE_MIN_BYTES = 1 << 20
 _THREAD_MIN = 1 << 20
 #: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
 DUMP_STEP = 16_384
+#: A store still lazy reuses its checkpoint's state section (copied, not parsed) as long as the log between
+#: that section and the new front is at most this many times ``checkpoint_every`` events: loading the rest
+#: then replays that much of the log (about 4 µs an event here).
+BASE_MAX_FACTOR = 8
 _TRAILER = 9  # 8 hex digits + newline
 #: Front section: turns kept after the head and around each pinned message (what a group search may read),
 #: and the most messages one span may hold (beyond it a rebuild simply loads the rest).
@@ -106,6 +123,14 @@ class Checkpoint:
     schema: list[str]
     state: dict[str, Any] | None  #: None when only the front was read (:func:`read_front`)
     front: dict[str, Any] | None = None
+    #: None: the state section is at ``seq``. Else ``{"seq", "position", "last_crc"}`` of the older record the
+    #: state section is at; the log from there up to ``position`` brings it to ``seq`` (a "based" checkpoint).
+    base: dict[str, Any] | None = None
+
+    @property
+    def state_seq(self) -> int:
+        """The seq the state section is at."""
+        return self.seq if self.base is None else int(self.base["seq"])
 
 
 # -- the payload (pure) ------------------------------------------------------------------------------
@@ -138,25 +163,36 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
     return parts
 
 
+def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: str | None,
+                 last_crc: str | None, tokenizer: str | None, state_bytes: int, front_json: bytes = b"null",
+                 base: dict[str, Any] | None = None) -> bytes:
+    """The header line, the front section and its CRC line: what precedes a state section of
+    ``state_bytes`` bytes (the section and its own CRC line follow)."""
+    header = orjson.dumps({
+        "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
+        "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
+        "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": state_bytes,
+        "base": base,
+    })
+    crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
+    return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1))
+
+
 def encode(*, session_id: str, seq: int, position: int | None, first_crc: str | None, last_crc: str | None,
-           tokenizer: str | None, state_json: bytes | list[bytes], front_json: bytes = b"null") -> bytes:
+           tokenizer: str | None, state_json: bytes | list[bytes], front_json: bytes = b"null",
+           base: dict[str, Any] | None = None) -> bytes:
     """Frame a state snapshot (and its front section) into a self-checking payload (module docstring).
 
     ``state_json``: the state's JSON, or the pieces :func:`dump_in_steps` returns (joined here, once)."""
     parts = [state_json] if isinstance(state_json, bytes) else state_json
-    header = orjson.dumps({
-        "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
-        "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
-        "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json),
-        "state_bytes": sum(map(len, parts)),
-    })
-    crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
+    prefix = encode_front(session_id=session_id, seq=seq, position=position, first_crc=first_crc,
+                          last_crc=last_crc, tokenizer=tokenizer, state_bytes=sum(map(len, parts)),
+                          front_json=front_json, base=base)
     crc2 = 0
     for part in parts:
         crc2 = zlib.crc32(part, crc2)
     crc2 = zlib.crc32(b"\n", crc2)
-    return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1,
-                     *parts, b"\n", b"%08x\n" % crc2))  # one copy of the state
+    return b"".join((prefix, *parts, b"\n", b"%08x\n" % crc2))  # one copy of the state
 
 
 def _check_crc(data: bytes | memoryview, what: str) -> None:
@@ -175,9 +211,9 @@ def _head(line: bytes) -> dict[str, Any]:
         head = orjson.loads(line)
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed header: {e}") from None
-    if not isinstance(head, dict) or head.get("checkpoint") != CHECKPOINT_VERSION:
+    if not isinstance(head, dict) or head.get("checkpoint") not in READABLE_VERSIONS:
         raise CheckpointError(f"payload layout {head.get('checkpoint') if isinstance(head, dict) else head!r}, "
-                              f"this program writes {CHECKPOINT_VERSION}")
+                              f"this program reads {', '.join(map(str, READABLE_VERSIONS))}")
     for key in ("front_bytes", "state_bytes"):
         if not isinstance(head.get(key), int) or head[key] < 0:
             raise CheckpointError(f"malformed header: {key} {head.get(key)!r}")
@@ -188,11 +224,18 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
     try:
         cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
                         first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
-                        format=head["format"], schema=head["schema"], state=state, front=front)
+                        format=head["format"], schema=head["schema"], state=state, front=front,
+                        base=head.get("base"))
     except KeyError as e:
         raise CheckpointError(f"malformed payload: header lacks {e}") from None
     if not isinstance(cp.seq, int) or cp.seq < 1 or not (state is None or isinstance(state, dict)):
         raise CheckpointError(f"malformed payload: seq {cp.seq!r}")
+    base = cp.base
+    if base is not None and not (
+            isinstance(base, dict) and isinstance(base.get("seq"), int) and 1 <= base["seq"] < cp.seq
+            and isinstance(base.get("position"), int) and isinstance(cp.position, int)
+            and 0 < base["position"] < cp.position and isinstance(base.get("last_crc"), str)):
+        raise CheckpointError(f"malformed payload: base {base!r} for seq {cp.seq}")
     if front is not None and not isinstance(front, dict):
         raise CheckpointError("malformed payload: the front section is not an object")
     return cp
@@ -322,12 +365,13 @@ class SystemIndex:
 
     def of(self, state: Projection) -> list[int]:
         messages, keys = state.messages, state.keys
-        n, start = len(messages), self.scanned
+        n, start, found = len(messages), self.scanned, self.found
         if start > n or (start and keys[start - 1] != self.last_key):
-            start, self.found = 0, []
-        self.found += [i for i in range(start, n) if is_system(messages[i])]
-        self.scanned, self.last_key = n, (keys[n - 1] if n else None)
-        return list(self.found)
+            start, found = 0, []
+        # (assigned only at the end: a read that fails, e.g. LoadRefused on a lazy history, changes nothing)
+        found = found + [i for i in range(start, n) if is_system(messages[i])]
+        self.found, self.scanned, self.last_key = found, n, (keys[n - 1] if n else None)
+        return list(found)
 
 
 def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
@@ -351,7 +395,9 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
             seen += 1
             first_user = first_user or is_real_user_turn(m)
         i += 1
-    keep.update(range(_turns_ahead(messages, i, FRONT_EXTRA_TURNS, min(n, FRONT_MAX_SPAN))))
+    # (+1: the message at which a turn search stopped is read by it, so a front recomputed from this front
+    # alone, as a checkpoint of a still lazy history does, finds it in memory)
+    keep.update(range(min(_turns_ahead(messages, i, FRONT_EXTRA_TURNS, min(n, FRONT_MAX_SPAN)) + 1, n)))
     # The newest messages up to recent_tokens, from a clean user turn a few turns back.
     acc, r = 0, n
     while r > 0 and acc < recent_tokens:
@@ -362,11 +408,20 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
         r = _turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
     keep.update(range(r, n))
     # Pinned messages, with the turns around them (their tool groups).
+    # Keys increase strictly along the history (see SystemIndex): bisection, over the keys in memory first
+    # while the history is lazy (a bisection over the whole list would read, so load, unknown items).
+    known = keys.known_indices() if type(keys) is LazyList and not keys.loaded else None
     for k in state.pinned:
-        p = bisect.bisect_left(keys, k)  # (keys increase strictly: see SystemIndex)
+        p = -1
+        if known is not None:
+            j = bisect.bisect_left(known, k, key=keys.get_known)
+            if j < len(known) and keys.get_known(known[j]) == k:
+                p = known[j]
+        if p < 0:
+            p = bisect.bisect_left(keys, k)
         if p < r and keys[p] == k:
             lo = _turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
-            hi = _turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN))
+            hi = min(_turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN)) + 1, n)
             keep.update(range(lo, hi))
     idx = sorted(keep)
     return {
@@ -425,8 +480,8 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
         state = Projection.from_state(cp.state)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
-    if state.head_seq != cp.seq:
-        raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.seq}")
+    if state.head_seq != cp.state_seq:
+        raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.state_seq}")
     if not all(isinstance(k, int) for k in state.keys) or not all(isinstance(m, dict) for m in state.messages):
         raise CheckpointError("state holds keys that are not integers or messages that are not objects")
     counted = any(t is not None for t in state.tokens)
@@ -435,6 +490,12 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
     elif not all(t is None or (isinstance(t, int) and t >= 0) for t in state.tokens):
         raise CheckpointError("state holds token counts that are not non-negative integers")
     return state
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 # -- where it is stored ------------------------------------------------------------------------------
@@ -472,13 +533,42 @@ class FileCheckpointStore:
         await asyncio.to_thread(self.save_sync, payload)
 
     def save_sync(self, payload: bytes) -> None:
+        self._save(lambda fd: _write_all(fd, payload))
+
+    def save_copying(self, prefix: bytes, src: int, offset: int, count: int) -> int:
+        """:meth:`save_sync` of ``prefix`` followed by ``count`` bytes of the open file ``src`` from ``offset``,
+        copied by the kernel where it can (``copy_file_range``); closes ``src``. Returns the payload's size."""
+
+        def write(fd: int) -> None:
+            _write_all(fd, prefix)
+            done = 0
+            while done < count:
+                try:
+                    n = os.copy_file_range(src, fd, count - done, offset + done)
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    n = -1
+                if n < 0:  # (a file system or kernel without it: copy through memory, 1 MiB at a time)
+                    chunk = os.pread(src, min(count - done, 1 << 20), offset + done)
+                    _write_all(fd, chunk)
+                    n = len(chunk)
+                if n == 0:
+                    raise CheckpointError(f"the checkpoint copied from ended {count - done} bytes early")
+                done += n
+
+        try:
+            self._save(write)
+        finally:
+            os.close(src)
+        return len(prefix) + count
+
+    def _save(self, write: Callable[[int], None]) -> None:
         # A fixed temp name is safe: only the lock holder writes checkpoints. O_TRUNC reuses a leftover.
         try:
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
             try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
+                write(fd)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -543,6 +633,20 @@ def _counted(state: Projection) -> int:
 
 
 # -- when (used by the manager) -----------------------------------------------------------------------
+@dataclass(slots=True)
+class _Prepared:
+    """A checkpoint as read from the live state in the caller's turn (:meth:`Checkpointer._prepare`)."""
+
+    seq: int
+    position: int | None
+    tokenizer: str | None
+    last_crc: str | None
+    captured: dict[str, Any] | None  #: the state to serialise, or None when the state section is copied
+    front_json: bytes
+    counted: int
+    base: dict[str, Any] | None = None
+    splice: tuple[Any, int, int] | None = None  #: (checkpoint file, offset, length) of the section to copy
+
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
 
@@ -567,6 +671,9 @@ class Checkpointer:
         #: section is written (every open then loads the whole state).
         self.front_hints: Callable[[], tuple[int, int]] | None = None
         self._lazy_file: Any = None  # the checkpoint file the rest is read from (closed by close())
+        #: While the history is lazy: (file, offset, length, checkpoint) of the state section not loaded yet,
+        #: which a new checkpoint can copy instead of loading and serialising the whole history.
+        self._lazy_source: tuple[Any, int, int, Checkpoint] | None = None
         self._system = SystemIndex()
 
     # -- loading --------------------------------------------------------------------------------------
@@ -575,7 +682,10 @@ class Checkpointer:
         cp, state = await self._usable(log, tokenizer)
         if cp is None or state is None:
             return await self._replay(log, Projection(), 0, None)
-        tail = await self._replay(log, state, cp.seq, cp.position)
+        if cp.base is not None and cp.state is not None:  # read whole: the state section is at the base
+            tail = await self._replay(log, state, cp.base["seq"], cp.base["position"])
+        else:
+            tail = await self._replay(log, state, cp.seq, cp.position)
         if log.last_seq < cp.seq:  # the log ends before the checkpoint (a backend that cannot check the anchor)
             await self._reject(f"it is at seq {cp.seq} but the log ends at seq {log.last_seq}")
             return await self._replay(log, Projection(), 0, None)
@@ -635,6 +745,7 @@ class Checkpointer:
                 state = restore_front(cp, tokenizer, state_loader)
                 self._system.seed(state)
                 self._lazy_file = f
+                self._lazy_source = (f, offset, length, cp)
                 return cp, state
         except CheckpointError as e:
             reason = str(e)
@@ -652,6 +763,7 @@ class Checkpointer:
         try:
             return self._read_rest(f, offset, length, cp, tokenizer, log)
         finally:
+            self._lazy_source = None  # (the file is closed: a checkpoint can no longer copy its state section)
             if gc_was_enabled:
                 gc.enable()
 
@@ -662,6 +774,8 @@ class Checkpointer:
                 state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer)
             finally:
                 f.close()
+            if cp.base is not None:
+                self._replay_from_base(log, state, cp)
             logger.debug("session %s: loaded the rest of the checkpoint at seq %d", self.session_id, cp.seq)
         except (CheckpointError, OSError, ValueError) as e:  # (ValueError: the file was closed by a failed try)
             self.ignored = f"state section: {e}"
@@ -674,6 +788,20 @@ class Checkpointer:
                     logger.info("session %s: could not remove the unusable checkpoint: %s", self.session_id, err)
             state = self._replay_sync(log, cp)
         return state.messages, state.keys, state.tokens
+
+    def _replay_from_base(self, log: Any, state: Projection, cp: Checkpoint) -> None:
+        """Bring a based checkpoint's state section (at ``cp.base``) to ``cp.seq`` with the log between."""
+        from .log import scan
+
+        assert cp.base is not None and isinstance(cp.position, int)
+        for rec, _ in scan(log.path, cp.base["position"], None, cp.position):
+            if rec["seq"] <= state.head_seq or rec["seq"] > cp.seq:
+                raise CheckpointError(f"the log between the state section (seq {state.head_seq}) and the front "
+                                      f"(seq {cp.seq}) holds seq {rec['seq']}")
+            state.apply(rec)
+        if state.head_seq != cp.seq:
+            raise CheckpointError(f"the log from the state section's seq {cp.base['seq']} reaches seq "
+                                  f"{state.head_seq}, the checkpoint is at seq {cp.seq}")
 
     def _replay_sync(self, log: Any, cp: Checkpoint) -> Projection:
         """The log folded up to ``cp``'s record (records verified as they are read)."""
@@ -697,11 +825,17 @@ class Checkpointer:
         if record_before is not None:
             if not isinstance(cp.position, int):
                 return f"its position {cp.position!r} is not a byte offset"
-            rec = record_before(cp.position)
-            if rec is None or rec["seq"] != cp.seq or rec.get("crc") != cp.last_crc:
-                found = "no record" if rec is None else f"seq {rec['seq']} (crc {rec.get('crc')})"
-                return (f"the log does not hold its seq {cp.seq} (crc {cp.last_crc}) at byte {cp.position} "
-                        f"(found {found}): the log is shorter or was rewritten")
+            anchors = [(cp.seq, cp.position, cp.last_crc, "its")]
+            if cp.base is not None:
+                anchors.append((cp.base["seq"], cp.base["position"], cp.base["last_crc"], "its state section's"))
+            for seq, position, crc, whose in anchors:
+                rec = record_before(position)
+                if rec is None or rec["seq"] != seq or rec.get("crc") != crc:
+                    found = "no record" if rec is None else f"seq {rec['seq']} (crc {rec.get('crc')})"
+                    return (f"the log does not hold {whose} seq {seq} (crc {crc}) at byte {position} "
+                            f"(found {found}): the log is shorter or was rewritten")
+        elif cp.base is not None:
+            return "it is based on an older state section, which only a file log can bring up to date"
         return None
 
     async def _reject(self, reason: str) -> None:
@@ -728,7 +862,7 @@ class Checkpointer:
         if (self._task is not None or not self.writable or self.store is None
                 or state.head_seq - self.seq < self.every):
             return
-        self._task = asyncio.ensure_future(self._write(*self._prepare(state, log, tokenizer), log))
+        self._task = asyncio.ensure_future(self._write(self._prepare(state, log, tokenizer), log))
 
     async def close(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         """Wait for a write in flight, then write a final checkpoint if enough events (or token counts) are
@@ -744,60 +878,109 @@ class Checkpointer:
             await asyncio.shield(self._task)
         if not self.writable or self.store is None or state.head_seq == 0:
             return
-        if state.is_lazy:
-            # Writing would load the whole state first; the front section and a short tail replay keep the
-            # next open as fast, so only a long uncovered tail is worth it.
-            if state.head_seq - self.seq >= self.every:
-                await self._write(*self._prepare(state, log, tokenizer), log)
-            return
         enough = min(self.every, CLOSE_MIN_EVENTS)
         grown = log.position - self.position if isinstance(log.position, int) else 0
+        if state.is_lazy:
+            # Counting tokens would load the history: the rule is events and bytes. A checkpoint that cannot
+            # copy the state section would load and write it all, which only a long uncovered tail is worth.
+            if self._splice_base(state, tokenizer) is None:
+                enough, grown = self.every, 0
+            if state.head_seq - self.seq >= enough or grown >= CLOSE_MIN_BYTES:
+                await self._write(self._prepare(state, log, tokenizer), log)
+            return
         if (state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough
                 or grown >= CLOSE_MIN_BYTES):
-            await self._write(*self._prepare(state, log, tokenizer), log)
+            await self._write(self._prepare(state, log, tokenizer), log)
 
-    def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]
-                 ) -> tuple[int, int | None, str | None, str | None, dict[str, Any], bytes, int]:
-        """What must be read from the live state now: seq, position, tokenizer, last crc, the captured state
-        (serialised later, in steps), front JSON, counts. (A lazy state is loaded whole first.)"""
-        state.materialise()
-        front_json = b"null"
-        if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
-            keep_head, recent_tokens = self.front_hints()
-            front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens,
-                             system=self._system.of(state))
-            front["counted"] = _counted(state)
-            front_json = orjson.dumps(front)
-        counted = _counted(state)
+    def _splice_base(self, state: Projection, tokenizer: Callable[[], str]) -> dict[str, Any] | None:
+        """The base a new checkpoint of this lazy history can copy its state section from, or None.
+
+        Possible while the state section opened lazily is still on disk (not loaded), its token counts were
+        made by the current tokenizer (or it holds none), and the log since its seq is short enough."""
+        source = self._lazy_source
+        if source is None or not state.is_lazy or not isinstance(self.store, FileCheckpointStore):
+            return None
+        cp = source[3]
+        if not isinstance(cp.position, int) or cp.last_crc is None:
+            return None
+        if cp.tokenizer is not None and cp.tokenizer != tokenizer():  # (no name asked, no encoding loaded, else)
+            return None
+        base = cp.base or {"seq": cp.seq, "position": cp.position, "last_crc": cp.last_crc}
+        if state.head_seq - base["seq"] > BASE_MAX_FACTOR * self.every:
+            return None
+        return dict(base)
+
+    def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> _Prepared:
+        """What must be read from the live state now (this runs in the caller's turn; the rest is in the
+        background): the anchor, the front section and either the captured state (serialised later, in steps)
+        or, for a history still lazy, the state section to copy from the checkpoint it was opened from."""
         last = getattr(log, "record_before", None)
         position = log.position
         last_crc = None
         if last is not None:
             rec = last(position)
             last_crc = rec.get("crc") if rec is not None and rec["seq"] == state.head_seq else None
-        return (state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(), front_json,
-                counted)
+        base = self._splice_base(state, tokenizer) if self.front_hints is not None else None
+        if base is not None and last_crc is not None:
+            try:
+                with state.loads_refused():  # only what is in memory: else load it all (below)
+                    front, front_counts = self._front(state, counted=self.counted)
+            except LoadRefused:
+                pass
+            else:
+                assert self._lazy_source is not None
+                f, offset, length, source = self._lazy_source
+                # The counts in the copied section were made by source.tokenizer (checked: the current one).
+                name = tokenizer() if source.tokenizer is not None or front_counts else None
+                return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
+                                 (f, offset, length))
+        state.materialise()
+        counted = _counted(state)
+        front_json = b"null"
+        if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
+            front_json = self._front(state, counted=counted)[0]
+        return _Prepared(state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(),
+                         front_json, counted)
 
-    async def _write(self, seq: int, position: int | None, tokenizer: str | None, last_crc: str | None,
-                     captured: dict[str, Any], front_json: bytes, counted: int, log: Any) -> None:
+    def _front(self, state: Projection, *, counted: int) -> tuple[bytes, bool]:
+        """The front section's JSON, and whether it holds any token count."""
+        assert self.front_hints is not None
+        keep_head, recent_tokens = self.front_hints()
+        front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, system=self._system.of(state))
+        front["counted"] = counted
+        return orjson.dumps(front), any(t is not None for t in front["tokens"])
+
+    async def _write(self, prep: _Prepared, log: Any) -> None:
         store = self.store
         assert store is not None
+        seq = prep.seq
         try:
-            state_json = await dump_in_steps(captured)
-            del captured  # (the copies of the lists are not needed any more)
             if self.first_crc is None:
                 self.first_crc = await first_record_crc(log)
-            fields = dict(session_id=self.session_id, seq=seq, position=position, first_crc=self.first_crc,
-                          last_crc=last_crc, tokenizer=tokenizer, state_json=state_json, front_json=front_json)
-            framing = functools.partial(encode, **fields)  # type: ignore[arg-type]
-            large = sum(map(len, state_json)) >= _THREAD_MIN
-            payload = await asyncio.to_thread(framing) if large else framing()
-            await store.save(payload, seq)
+            fields = dict(session_id=self.session_id, seq=seq, position=prep.position, first_crc=self.first_crc,
+                          last_crc=prep.last_crc, tokenizer=prep.tokenizer, front_json=prep.front_json,
+                          base=prep.base)
+            if prep.splice is not None:
+                f, offset, length = prep.splice
+                assert isinstance(store, FileCheckpointStore)
+                prefix = encode_front(state_bytes=length, **fields)  # type: ignore[arg-type]
+                src = os.dup(f.fileno())  # (a load of the rest may close the file meanwhile)
+                size = await asyncio.to_thread(store.save_copying, prefix, src, offset, length + 1 + _TRAILER)
+            else:
+                assert prep.captured is not None
+                state_json = await dump_in_steps(prep.captured)
+                prep.captured = None  # (the copies of the lists are not needed any more)
+                framing = functools.partial(encode, state_json=state_json, **fields)  # type: ignore[arg-type]
+                large = sum(map(len, state_json)) >= _THREAD_MIN
+                payload = await asyncio.to_thread(framing) if large else framing()
+                await store.save(payload, seq)
+                size = len(payload)
             if seq >= self.seq:
                 self.seq = seq
-                self.position = position if isinstance(position, int) else 0
-            self.counted = counted
-            logger.debug("session %s: checkpoint written at seq %d (%d bytes)", self.session_id, seq, len(payload))
+                self.position = prep.position if isinstance(prep.position, int) else 0
+            self.counted = prep.counted
+            logger.debug("session %s: checkpoint written at seq %d (%d bytes%s)", self.session_id, seq, size,
+                         "" if prep.base is None else f", state section of seq {prep.base['seq']} copied")
         except Exception as e:  # a checkpoint is a cache: never let it break the store
             logger.warning("session %s: could not write a checkpoint at seq %d (%s); the log is unaffected "
                            "and the next open replays more of it", self.session_id, seq, e)

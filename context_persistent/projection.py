@@ -10,6 +10,7 @@ stable across restarts, so pins and redactions can name a message.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,22 +40,29 @@ SYSTEM_ROLES = ("system", "developer")
 BaseLoader = Callable[[], tuple[list[Any], list[Any], list[Any]]]
 
 
+class LoadRefused(Exception):
+    """A lazy list was asked to load the rest inside :meth:`Projection.loads_refused` (nothing was loaded)."""
+
+
 class _Bulk:
     """What the three lazy lists of one projection share: the loader of the part they do not hold."""
 
-    __slots__ = ("n", "loader", "lists", "owner")
+    __slots__ = ("n", "loader", "lists", "owner", "refuse")
 
     def __init__(self, n: int, loader: BaseLoader, owner: "Projection") -> None:
         self.n = n
         self.loader: BaseLoader | None = loader
         self.lists: tuple[LazyList, LazyList, LazyList] | None = None
         self.owner = owner
+        self.refuse = False
 
     def load(self) -> None:
         """Load the rest once; every lazy list (and the projection) then holds a plain list."""
         loader = self.loader
         if loader is None:
             return
+        if self.refuse:
+            raise LoadRefused("this needs the part of the history that is not loaded")
         base = loader()  # (if it raises, the next access tries again and raises again: nothing half-loaded)
         if any(len(part) != self.n for part in base):
             raise ValueError(f"the loaded state holds {[len(p) for p in base]} items, expected {self.n}")
@@ -299,6 +307,21 @@ class Projection:
     def is_lazy(self) -> bool:
         """True while part of the history is not in memory yet."""
         return type(self.messages) is LazyList and not self.messages.loaded
+
+    @contextlib.contextmanager
+    def loads_refused(self) -> Iterator[None]:
+        """Inside, an access that would load the rest of a lazy history raises :class:`LoadRefused` instead:
+        for work worth doing only if what is in memory suffices (a checkpoint's front section)."""
+        messages = self.messages
+        bulk = messages._bulk if type(messages) is LazyList and not messages.loaded else None
+        if bulk is None:
+            yield
+            return
+        bulk.refuse = True
+        try:
+            yield
+        finally:
+            bulk.refuse = False
 
     def materialise(self) -> "Projection":
         """Load what a lazy projection does not hold yet (no-op otherwise); returns self."""

@@ -283,22 +283,30 @@ def _check_checkpoint(directory: Path, session_id: str
     seen: dict[str, Any] = {}
 
     def on_record(rec: dict[str, Any], end: int, state: Projection | None) -> None:
-        if cp is None or rec["seq"] != cp.seq:
+        if cp is None:
             return
-        seen["end"], seen["crc"] = end, rec.get("crc")
-        seen["same"] = state is not None and cp.state is not None and _normal(state.to_state()) == _normal(cp.state)
+        if rec["seq"] == cp.state_seq:  # the state section is at the base of a based checkpoint (or at seq)
+            seen["same"] = (state is not None and cp.state is not None
+                            and _normal(state.to_state()) == _normal(cp.state))
+            if cp.base is not None:
+                seen["base"] = end == cp.base["position"] and rec.get("crc") == cp.base["last_crc"]
+        if rec["seq"] == cp.seq:
+            seen["end"], seen["crc"] = end, rec.get("crc")
 
     def finish(walk: _Walk) -> None:
         if cp is None:
             return
         if walk.first_crc != cp.first_crc:
             reason = "its first-record fingerprint does not match the log (written for another log)"
-        elif not seen:
+        elif "end" not in seen:
             reason = f"it is at seq {cp.seq}, which the log does not hold (the log ends at seq {walk.last_seq})"
         elif seen["end"] != cp.position or seen["crc"] != cp.last_crc:
             reason = f"the record at its seq {cp.seq} is not the one it was written after (the log was rewritten)"
-        elif not seen["same"]:
-            reason = f"its state differs from the log replayed up to seq {cp.seq}"
+        elif cp.base is not None and not seen.get("base"):
+            reason = (f"its state section's record (seq {cp.state_seq}) is not the one it was written after "
+                      "(the log was rewritten)")
+        elif not seen.get("same"):
+            reason = f"its state differs from the log replayed up to seq {cp.state_seq}"
         else:
             status.update(status="valid", behind=walk.last_seq - cp.seq)
             return

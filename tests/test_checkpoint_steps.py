@@ -447,7 +447,7 @@ def reference_idx(state: Projection, keep_head: int, recent_tokens: int) -> list
     for p, k in enumerate(keys):
         if k in state.pinned and p < r:
             lo = cpmod._turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
-            hi = cpmod._turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN))
+            hi = min(cpmod._turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN)) + 1, n)
             keep.update(range(lo, hi))
     return sorted(keep)
 
