@@ -98,7 +98,7 @@ def run(ctx: Ctx) -> list[Row]:
         compare(GROUP, f"longest add_message during it, {n:,} x 300 B",
                 [x["max_add"] * 1000 for x in full], [x["one_dump"] * 1000 for x in full], unit="ms",
                 ref_name="one orjson.dumps of the state (the stall before the stepwise write)"),
-        info(GROUP, f"longest stall, first checkpoint after a lazy open ({n:,}, loads the rest once)",
+        info(GROUP, f"longest stall, first checkpoint after a lazy open ({n:,}, history still on disk)",
              lazy[0]["max_gap"] * 1000, "ms"),
     ]
     return rows
