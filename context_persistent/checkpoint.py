@@ -72,7 +72,7 @@ import orjson
 
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
-from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir
+from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir, write_all
 from .projection import BaseLoader, LazyList, LoadRefused, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
@@ -492,12 +492,6 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
     return state
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 # -- where it is stored ------------------------------------------------------------------------------
 @runtime_checkable
 class CheckpointStore(Protocol):
@@ -533,14 +527,14 @@ class FileCheckpointStore:
         await asyncio.to_thread(self.save_sync, payload)
 
     def save_sync(self, payload: bytes) -> None:
-        self._save(lambda fd: _write_all(fd, payload))
+        self._save(lambda fd: write_all(fd, payload))
 
     def save_copying(self, prefix: bytes, src: int, offset: int, count: int) -> int:
         """:meth:`save_sync` of ``prefix`` followed by ``count`` bytes of the open file ``src`` from ``offset``,
         copied by the kernel where it can (``copy_file_range``); closes ``src``. Returns the payload's size."""
 
         def write(fd: int) -> None:
-            _write_all(fd, prefix)
+            write_all(fd, prefix)
             done = 0
             while done < count:
                 try:
@@ -551,7 +545,7 @@ class FileCheckpointStore:
                     n = -1
                 if n < 0:  # (a file system or kernel without it: copy through memory, 1 MiB at a time)
                     chunk = os.pread(src, min(count - done, 1 << 20), offset + done)
-                    _write_all(fd, chunk)
+                    write_all(fd, chunk)
                     n = len(chunk)
                 if n == 0:
                     raise CheckpointError(f"the checkpoint copied from ended {count - done} bytes early")

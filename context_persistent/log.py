@@ -23,7 +23,7 @@ from typing import Any
 
 from . import codec
 from .errors import ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError
-from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs
+from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, write_all
 
 FSYNC_MODES = ("always", "batch", "never")
 
@@ -69,24 +69,10 @@ class TornTail:
     saved_to: str | None = None
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def data_size(path: Path) -> int:
     """The size of the log at ``path`` without its reserved tail (see ``data_end``)."""
     with open(path, "rb") as f:
         return data_end(f.fileno())
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
 
 
 def _read_lock_pid(path: Path) -> int | None:
@@ -340,7 +326,7 @@ class FileEventLog:
         try:
             fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -393,7 +379,7 @@ class FileEventLog:
                 # and a complete record after a hole would read as corruption (docs/format.md).
                 os.ftruncate(fd, start)
                 self._reserved = start
-            _pwrite_all(fd, data, start)
+            write_all(fd, data, start)
         except OSError as e:
             raise self._failed(start, "append to", e) from e
         self.size = end
@@ -411,7 +397,7 @@ class FileEventLog:
         """
         target = end + min(max(RESERVE, end >> 4), RESERVE_MAX)  # 1/16 of the log ahead, within bounds
         try:
-            _pwrite_all(self._fd, bytes(target - self._reserved), self._reserved)
+            write_all(self._fd, bytes(target - self._reserved), self._reserved)
             self._reserved = target
         except OSError:
             with contextlib.suppress(OSError):

@@ -36,6 +36,17 @@ def session_dir(storage_path: str | os.PathLike[str], session_id: str) -> Path:
     return Path(storage_path) / validate_session_id(session_id)
 
 
+def write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+    """Write all of ``data`` to ``fd`` (at ``offset`` with ``pwrite``, else at the file position), looping
+    over short writes."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[n:]
+        if offset is not None:
+            offset += n
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -377,17 +377,11 @@ class Projection:
         which is safe because a stored message is never changed in place (every event that changes the
         history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint.py).
         """
-        self.materialise()
-        return {
-            "messages": list(self.messages),
-            "keys": list(self.keys),
-            "tokens": list(self.tokens),
-            "pinned": sorted(self.pinned),
-            "head_seq": self.head_seq,
-            "has_history": self.has_history,
-            "session": dict(self.session),
-            "counts": dict(self.counts),
-        }
+        state = self.to_state()
+        for key in ("messages", "keys", "tokens"):
+            state[key] = list(state[key])
+        state["session"], state["counts"] = dict(self.session), dict(self.counts)
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "Projection":

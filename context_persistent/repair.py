@@ -38,7 +38,7 @@ from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
 from .log import FileLock, data_size
-from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir
+from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
 from .projection import Projection
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
@@ -347,10 +347,9 @@ class _Writer:
             self.flush()
 
     def flush(self) -> None:
-        view = memoryview(b"".join(self.buf))
-        self.size += len(view)
-        while view:
-            view = view[os.write(self.fd, view):]
+        data = b"".join(self.buf)
+        self.size += len(data)
+        write_all(self.fd, data)
         self.buf, self.buffered = [], 0
 
     def finish(self) -> None:
