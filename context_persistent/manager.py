@@ -778,7 +778,7 @@ class PersistentContextManager:
         }
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) --------------------
-    async def export(self, path: str | os.PathLike[str], *, format: str = "jsonl", view: str = "full",
+    async def export(self, path: str | os.PathLike[str], *, format: str | None = None, view: str = "full",
                      at_seq: int | None = None, token_budget: int | None = None, progress: Any = None
                      ) -> dict[str, Any]:
         """Write a snapshot of a view, at the head or right after ``at_seq``, atomically; returns its header."""

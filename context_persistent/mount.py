@@ -12,7 +12,9 @@ from .manager import KNOWN_KEYS, PersistentContextManager
 logger = logging.getLogger("context_persistent")
 
 ENV_STORAGE = "CONTEXT_PERSISTENT_DIR"
-DEFAULT_STORAGE = Path(".amplifier") / "context"
+#: The storage folder when neither the config nor the environment names one: one place per user, whatever the
+#: working directory (docs/configuration.md, "Where sessions are stored").
+DEFAULT_STORAGE = Path("~") / ".amplifier" / "context"
 #: Events this module emits, registered with ``observability.events``.
 OBSERVABLE_EVENTS = [
     "context:pre_compact",
@@ -24,9 +26,18 @@ OBSERVABLE_EVENTS = [
 
 
 def storage_from(config: dict[str, Any]) -> Path:
-    """``config["storage_path"]`` > ``$CONTEXT_PERSISTENT_DIR`` > ``.amplifier/context`` under the cwd."""
-    value = config.get("storage_path") or os.environ.get(ENV_STORAGE)
-    return Path(value).expanduser() if value else Path.cwd() / DEFAULT_STORAGE
+    """``config["storage_path"]`` > ``$CONTEXT_PERSISTENT_DIR`` > ``~/.amplifier/context``."""
+    return storage_source(config)[0]
+
+
+def storage_source(config: dict[str, Any]) -> tuple[Path, str]:
+    """The storage folder and where it came from: ``"config"`` (``storage_path``), ``"environment"``
+    (``$CONTEXT_PERSISTENT_DIR``) or ``"default"`` (``~/.amplifier/context``)."""
+    if config.get("storage_path"):
+        return Path(config["storage_path"]).expanduser(), "config"
+    if os.environ.get(ENV_STORAGE):
+        return Path(os.environ[ENV_STORAGE]).expanduser(), "environment"
+    return DEFAULT_STORAGE.expanduser(), "default"
 
 
 async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
