@@ -286,7 +286,8 @@ async def _show(args: argparse.Namespace) -> int:
 
 # -- stats ------------------------------------------------------------------------------------------
 async def _last_compaction(store: Any) -> dict[str, Any] | None:
-    """The newest compaction audit record, if the log holds any (found without loading views again)."""
+    """The newest compaction audit record in the log, if any (found without loading views again), in the
+    shape of ``stats()["last_compaction"]``: ``at_seq`` (the head it was made at), ``ts``, then its fields."""
     kinds = [k for k in store.stats()["events"] if "compact" in k]
     if not kinds:
         return None
@@ -301,13 +302,14 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
                     last = rec
     finally:
         await log.close()
-    return None if last is None else {"seq": last["seq"], "ts": last["ts"], "type": last["type"],
-                                      "data": last["data"]}
+    if last is None:
+        return None
+    data = last["data"] if isinstance(last.get("data"), dict) else {}
+    return {"at_seq": last["seq"] - 1, "ts": last["ts"], "seq": last["seq"], **data}
 
 
-def _describe_compaction(rec: dict[str, Any]) -> str:
-    d = rec["data"] if isinstance(rec.get("data"), dict) else {}
-    text = f"seq {rec['seq']} at {short_time(rec['ts'])}"
+def _describe_compaction(d: dict[str, Any]) -> str:
+    text = f"seq {d['seq']} at {short_time(d['ts'])}" if "seq" in d else f"at seq {d.get('at_seq')}"
     if "before_tokens" in d:
         at_least = "at least " if d.get("before_tokens_exact") is False else ""  # a windowed rebuild
         text += (f": {d.get('strategy_used')}, {at_least}{d['before_tokens']:,} -> {d.get('after_tokens', 0):,} tokens "
@@ -319,18 +321,23 @@ def _describe_compaction(rec: dict[str, Any]) -> str:
 
 async def _stats(args: argparse.Namespace) -> int:
     async with await _open(args, args.session) as store:
-        st = store.stats()
         count = store._counter.count_message
-        views = {"full": st["tokens"],
+        views = {"full": await store.get_token_count(),
                  "conversation": sum(count(m) for m in await store.get_conversation_view()),
                  "reasoning": sum(count(m) for m in await store.get_reasoning_view())}
         budget, source = store.resolve_budget(args.budget)
         request = await store.get_messages_for_request(token_budget=args.budget)
         views["request"] = sum(count(m) for m in request)
-        compaction = await _last_compaction(store)
+        recorded = await _last_compaction(store)
         session = dict(store._state.session)
+        st = store.stats()  # after the request view: its last_compaction is that view's, if it compacted
+    if st["bytes"] is None and backend_of(args):  # PostgreSQL: the bytes of the session's records
+        from ..pg import session_bytes
+
+        st["bytes"] = await session_bytes(args.dsn, backend_of(args).get("pg_schema"), args.session)
+    # Everything store.stats() returns, as it returns it, then what only the command line adds.
     out = {**st, "tokens_per_view": views, "request_messages": len(request), "budget": budget,
-           "budget_source": source, "last_compaction": compaction,
+           "budget_source": source, "recorded_compaction": recorded,
            "parent": session.get("parent"), "imported": session.get("imported")}
     if args.json:
         print_json(out)
@@ -341,8 +348,11 @@ async def _stats(args: argparse.Namespace) -> int:
             ["pinned", st["pinned"]],
             ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
     rows += [[f"tokens: {k}", v] for k, v in views.items()]
-    rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"])
-    rows.append(["last compaction", "none recorded" if compaction is None else _describe_compaction(compaction)])
+    made = st["last_compaction"]
+    rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"
+                 + ("" if made is None else f"; compacted: {made.get('strategy_used')}, "
+                    f"{made.get('before_tokens', 0):,} -> {made.get('after_tokens', 0):,} tokens")])
+    rows.append(["last compaction", "none recorded" if recorded is None else _describe_compaction(recorded)])
     if session.get("parent"):
         rows.append(["forked from", f"{session['parent'].get('session_id')} at seq {session['parent'].get('seq')}"])
     if session.get("imported"):
