@@ -84,8 +84,8 @@ def _content_of(raw: bytes) -> str:
         return f"it looks like a {what} event (not valid JSON any more)"
     if not isinstance(rec, dict):
         return "content unreadable"
-    data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-    msg = data.get("message") if isinstance(data.get("message"), dict) else None
+    data: dict[str, Any] = rec["data"] if isinstance(rec.get("data"), dict) else {}
+    msg: dict[str, Any] | None = data["message"] if isinstance(data.get("message"), dict) else None
     text = f"{rec.get('type')} event"
     if msg is not None:
         content = msg.get("content")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -118,6 +119,11 @@ def backend_of(args: argparse.Namespace) -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
+    def format_help(self) -> str:
+        # Descriptions come from docstrings: show their reStructuredText roles and ``literals`` as plain text.
+        text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help())
+        return text.replace("``", "`")
+
     def error(self, message: str) -> NoReturn:  # exit code 2 with one line, as argparse does, but our format
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
