@@ -41,7 +41,15 @@ def storage_source(config: dict[str, Any]) -> tuple[Path, str]:
 
 
 async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
-    """Open the session's store and mount it at ``"context"``; returns the cleanup that closes it."""
+    """Open the session's store and mount it at ``"context"`` of ``coordinator``; returns the cleanup
+    coroutine function that closes it.
+
+    ``config`` is the mount plan's ``context.config`` (docs/configuration.md): the storage folder is
+    ``storage_path``, else ``$CONTEXT_PERSISTENT_DIR``, else ``~/.amplifier/context``; the session id is
+    ``session_id``, else ``coordinator.session_id``. Unknown keys are ignored with a warning. Raises
+    ValueError without a session id or for a bad value, and whatever ``PersistentContextManager.open``
+    raises (SessionLockedError, LogCorruptedError, ...).
+    """
     config = dict(config or {})
     session_id = config.pop("session_id", None) or getattr(coordinator, "session_id", None)
     if not session_id:

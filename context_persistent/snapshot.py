@@ -283,9 +283,12 @@ async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: s
 async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path: str | os.PathLike[str],
                   source: str = "auto", system_message: str | None = None, progress: Progress | None = None,
                   request_notes: str = "refuse", **config: Any) -> dict[str, Any]:
-    """Create the NEW session ``session_id`` from a snapshot, a CLI transcript or a context-messages file.
+    """Create the NEW session ``session_id`` in ``storage_path`` from the file ``path``: a snapshot, a CLI
+    transcript or a context-messages file.
 
-    ``source="auto"`` detects the kind (docs/snapshots.md lists the rules). ``system_message`` prepends a
+    ``source`` says what the file is: ``"auto"`` detects it (docs/snapshots.md lists the rules),
+    ``"snapshot"``, ``"transcript"`` or ``"reference"`` insist. ``progress`` (``progress(done, total)``) is
+    called as the file is read. ``system_message`` prepends a
     system message (an Amplifier CLI transcript has none). Raises SessionExistsError if the session exists,
     MalformedInputError (a ValueError) naming the file and line for bad or truncated input, ValueError for
     a Markdown snapshot (one-way). Nothing is written unless the whole file is valid. Returns a summary.
