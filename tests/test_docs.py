@@ -123,3 +123,31 @@ def test_every_command_shown_parses(page: str, no: int, command: str) -> None:
     except SystemExit as e:
         pytest.fail(f"{page}:{no}: `context-persistent {command}` does not parse (exit {e.code})")
     assert getattr(args, "func", None) is not None or argv[0] == "db", f"{page}:{no}: {command}"
+
+
+def test_every_command_is_documented_where_cli_md_says() -> None:
+    """Each command has a section in cli.md, or cli.md links the page where it is described."""
+    cli_md = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    headings = {h.split()[0].strip("`") for h in re.findall(r"^## `([^`]+)`", cli_md, re.M)}
+    elsewhere = {"verify": "operations.md#verify-and-repair", "repair": "operations.md#verify-and-repair",
+                 "db": "postgres.md"}
+    action = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in action.choices:  # type: ignore[attr-defined]
+        if name in elsewhere:
+            assert f"]({elsewhere[name]})" in cli_md, name
+            page, _, anchor = elsewhere[name].partition("#")
+            text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+            assert f"context-persistent {name}" in text and (not anchor or anchor in _anchors(ROOT / "docs" / page))
+        else:
+            assert name in headings, f"docs/cli.md has no section for `{name}`"
+
+
+DEVELOPMENT_TALK = ("issue #", "previous run", "this machine", "benchmark host", "this host", "this run",
+                    "baselines", "since an earlier run")
+
+
+def test_docs_speak_of_the_software_not_its_development() -> None:
+    found = [f"{page.name}:{no}: {phrase!r}" for page in PAGES
+             for no, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             for phrase in DEVELOPMENT_TALK if phrase in line.lower()]
+    assert found == []
