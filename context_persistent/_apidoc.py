@@ -43,7 +43,8 @@ def _members(cls: type) -> Iterator[tuple[str, Any]]:
 def _functions() -> list[tuple[str, Callable[..., Any]]]:
     import context_persistent
 
-    return [("mount", context_persistent.mount), ("import_", context_persistent.import_)]
+    import_: Any = context_persistent.import_  # (a lazy module attribute)
+    return [("mount", context_persistent.mount), ("import_", import_)]
 
 
 def _errors() -> list[type]:
@@ -67,7 +68,7 @@ def problems(cls: type | None = None, functions: list[tuple[str, Callable[..., A
     items += functions if functions is not None else _functions()
     out = []
     for name, value in items:
-        fn = value.fget if isinstance(value, property) else value
+        fn: Any = value.fget if isinstance(value, property) else value
         doc = inspect.getdoc(fn) or ""
         if not doc.strip():
             out.append(f"{name}: no docstring")
