@@ -118,8 +118,10 @@ def render_markdown(header: dict[str, Any], messages: Sequence[dict[str, Any]]) 
            f"\nView **{header['view']}**, {len(messages)} messages, events {header['seq_range'][0]}–"
            f"{header['seq_range'][1]}, exported {header['created_at']}. One-way: import a JSONL or JSON "
            "snapshot instead.\n"]
+    notes = set(header.get("notes") or ())
     for i, m in enumerate(messages, 1):
-        out.append(f"\n## {i}. {m.get('role')}\n\n")
+        label = " (a note in place of left-out messages, not a message of the session)" if i - 1 in notes else ""
+        out.append(f"\n## {i}. {m.get('role')}{label}\n\n")
         content = m.get("content")
         if isinstance(content, str):
             out.append(content.rstrip("\n") + "\n")

@@ -287,6 +287,11 @@ def test_request_view_export_lists_its_notes_and_import_refuses_them(env: dict[s
     assert data["messages"] == len(body) - len(header["notes"])
     data = json.loads(cli(env, "import", str(path), "kept", "--request-notes", "keep", "--json").stdout)
     assert data["messages"] == len(body)
+    md = tmp_path / "request.md"
+    assert cli(env, "export", "ref", str(md), "--budget", "300").returncode == 0
+    labelled = [line for line in md.read_text(encoding="utf-8").splitlines() if "a note in place of" in line]
+    assert labelled == [f"## {i + 1}. user (a note in place of left-out messages, not a message of the session)"
+                        for i in header["notes"]]
 
 
 async def test_a_request_view_without_a_notes_header_is_recognised(ref: Path, tmp_path: Path) -> None:
