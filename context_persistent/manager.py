@@ -128,6 +128,11 @@ class PersistentContextManager:
     Open with ``await PersistentContextManager.open(storage_path=..., session_id=...)`` (or
     ``async with``). Every change is an event appended to ``<storage_path>/<session_id>/events.jsonl``;
     every view is rebuilt from those events. See docs/architecture.md.
+
+    ``async with await PersistentContextManager.open(...) as store:`` closes the store on leaving the block.
+    Attributes: ``session_id``, ``storage_path`` (a Path), ``config`` (the checked configuration),
+    ``hooks`` (the host's hooks, or None), ``recovered`` (the torn tail cut at open, or None) and
+    ``last_compaction`` (the stats of the last compaction that changed the request view, or None).
     """
 
     #: A rebuild of a history at least this long reads only the newest messages that can fit the budget
@@ -181,8 +186,15 @@ class PersistentContextManager:
                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
         """Open (creating if needed) a session's store and replay its log.
 
-        Raises SessionLockedError if another writer holds it, LogCorruptedError if a record before the end
-        fails verification, ValueError for a bad session id or configuration.
+        ``storage_path`` is the root folder (``~`` is expanded; created with mode 0700 if missing) and
+        ``session_id`` the session's folder name in it. ``hooks`` receives the store's events (``emit``).
+        ``readonly`` True opens without the writer lock (no writes; the session must exist). ``config``
+        takes the keys of docs/configuration.md.
+
+        Returns the open store. Raises SessionLockedError if another writer holds it, SessionNotFoundError
+        for a read-only open of a session that does not exist, LogCorruptedError if a record before the end
+        fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
+        PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
         validate_session_id(session_id)
         cfg = cls.check_config(config)
@@ -198,6 +210,12 @@ class PersistentContextManager:
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:
+        """Check ``config`` (the keys of docs/configuration.md) without opening anything.
+
+        Returns the complete configuration: defaults filled in, the compaction settings parsed, the backend
+        resolved (a ``dsn`` alone selects PostgreSQL). Raises ValueError naming the key and the rule for an
+        unknown key or a bad value.
+        """
         unknown = sorted(set(config) - KNOWN_KEYS)
         if unknown:
             raise ValueError(f"unknown configuration key(s) {', '.join(unknown)}; "
@@ -312,14 +330,17 @@ class PersistentContextManager:
 
     @property
     def head_seq(self) -> int:
+        """The seq of the last event applied (0 for an empty log): what ``at``, ``fork`` and ``follow`` count in."""
         return self._state.head_seq
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._closed
 
     @property
     def tokenizer(self) -> str:
+        """The name of the active token counter (a tiktoken encoding, or ``chars/4`` when it fell back)."""
         return self._counter.name
 
     # -- writing ------------------------------------------------------------------------------------
@@ -397,10 +418,15 @@ class PersistentContextManager:
         self._checkpoints.maybe_write(self._state, self._log, self._tokenizer_name)
 
     async def add_message(self, message: dict[str, Any]) -> None:
-        """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid.
+        """Append ``message`` (a dict with a ``role``; JSON values only); returns once it is durable (the
+        ``fsync`` policy, docs/operations.md).
 
         Right after a resume, messages that replay the loaded history are recognised and not stored twice
         (see replay.py and docs/resume.md).
+
+        Raises ValueError if the message is invalid (nothing is stored); StoreClosedError after
+        ``close()``; ReadOnlyError on a store opened ``readonly=True``; LogWriteError when the disk
+        refuses the write (nothing was recorded); DatabaseError on PostgreSQL when the server fails.
         """
         self._check_writable()
         msg_json = ev.validate_message(message)
@@ -436,7 +462,14 @@ class PersistentContextManager:
                 await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the history, unless this store loaded its own log (the resume rule; see docs/resume.md)."""
+        """Replace the history with ``messages``, unless this store loaded its own log (the resume rule; see
+        docs/resume.md): then the call is recorded as a ``transcript_ignored`` audit event and changes nothing.
+
+        Raises ValueError if a message is invalid or there are too many for one event (nothing is stored);
+        StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL
+        when the server fails.
+        """
         self._check_writable()
         parts = ev.validate_messages(messages)
         if self._replay is not None and self._replay.held:
@@ -456,7 +489,12 @@ class PersistentContextManager:
                            b'{"messages":%s}' % payload)
 
     async def clear(self) -> None:
-        """Empty the history (an event: it stays empty after a restart)."""
+        """Empty the history (an event: it stays empty after a restart; the log keeps every earlier record).
+
+        Raises StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL
+        when the server fails.
+        """
         await self._write_held()
         await self._commit(ev.CLEARED, {})
 
@@ -477,18 +515,38 @@ class PersistentContextManager:
         return key
 
     async def pin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
-        """Mark a message that compaction must always keep (survives restarts)."""
+        """Mark a message that compaction must always keep (an event: survives restarts).
+
+        Give exactly one of ``message_index`` (its position in ``get_messages()``; negative counts from the
+        end) or ``seq`` (the seq of the ``message_added`` event that added it). Raises ValueError if neither
+        or both are given, or the index or seq names no message of the current history; StoreClosedError
+        after ``close()``; ReadOnlyError on a store opened ``readonly=True``; LogWriteError when the disk
+        refuses the write (nothing was recorded); DatabaseError on PostgreSQL when the server fails.
+        """
         await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.PINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def unpin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
+        """Undo ``pin`` for a message, named by ``message_index`` or ``seq`` as for ``pin``.
+
+        Raises ValueError if neither or both are given, or they name no message of the current history;
+        StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL
+        when the server fails.
+        """
         await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.UNPINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def redact(self, message_index: int | None = None, *, seq: int | None = None) -> None:
-        """Hide a message from every view and export (a tombstone event; the log keeps its bytes)."""
+        """Hide a message from every view and export (a tombstone event; the log keeps its bytes).
+
+        The message is named by ``message_index`` or ``seq`` as for ``pin``. Raises ValueError if neither or
+        both are given, or they name no message of the current history; StoreClosedError after
+        ``close()``; ReadOnlyError on a store opened ``readonly=True``; LogWriteError when the disk
+        refuses the write (nothing was recorded); DatabaseError on PostgreSQL when the server fails.
+        """
         await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
@@ -499,15 +557,20 @@ class PersistentContextManager:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
 
     async def get_messages(self) -> list[dict[str, Any]]:
-        """The full history since the last clear/replacement, as a copy."""
+        """Returns the full history since the last clear/replacement, as a copy (changing it changes nothing
+        stored). Raises StoreClosedError after ``close()``."""
         self._check_open()
         return _copy(self._full().messages)
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
+        """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.
+        Raises StoreClosedError after ``close()``."""
         self._check_open()
         return _copy(conversation_view(self._full().messages))
 
     async def get_reasoning_view(self) -> list[dict[str, Any]]:
+        """Returns the conversation plus the tool traces, whole: every message but system and developer ones,
+        as a copy. Raises StoreClosedError after ``close()``."""
         self._check_open()
         return _copy(reasoning_view(self._full().messages))
 
@@ -562,21 +625,31 @@ class PersistentContextManager:
         return self._count_indices((i,))[i]  # type: ignore[return-value]
 
     async def get_token_count(self) -> int:
-        """Tokens of the full history under the active counter (see ``stats()['tokenizer']``)."""
+        """Returns the tokens of the full history under the active counter (see ``stats()['tokenizer']``).
+        Raises StoreClosedError after ``close()``."""
         self._check_open()
         return sum(self._token_counts())
 
     def resolve_budget(self, token_budget: int | None = None, provider: Any = None) -> tuple[int, str]:
+        """The token budget a request view gets: ``token_budget`` if given, else what ``provider`` reports
+        (its context window minus its output reserve), else the configured ``max_tokens``; the safety margin
+        is taken off.
+
+        Returns ``(budget, source)``, the source being ``explicit``, ``provider`` or ``config``. Raises
+        ValueError if ``token_budget`` is not a positive int or None.
+        """
         return resolve_budget(token_budget, provider, max_tokens=self.config["max_tokens"],
                               safety_margin=self.config["safety_margin"])
 
     async def get_messages_for_request(self, token_budget: int | None = None, provider: Any = None
                                        ) -> list[dict[str, Any]]:
-        """The history made valid for a provider and, over the threshold, fitted to the budget.
+        """Returns the history made valid for a provider and, over the threshold, fitted to the budget.
 
-        The view is cached until the log or the budget changes, so repeated calls cost O(1). The list is new on
+        ``token_budget`` and ``provider`` choose the budget as ``resolve_budget`` does. The view is cached
+        until the log or the budget changes, so repeated calls cost O(1). The list is new on
         every call; the message dicts in it belong to the cached view (never to the stored history): treat them
         as read-only, or set ``copy_request_view: true`` to get deep copies (see docs/compaction.md).
+        Raises StoreClosedError after ``close()``, ValueError for a bad ``token_budget``.
         """
         self._check_open()
         budget, source = self.resolve_budget(token_budget, provider)
@@ -737,7 +810,11 @@ class PersistentContextManager:
         return self.storage_path / self.session_id
 
     async def compact(self, token_budget: int | None = None, provider: Any = None) -> int:
-        """Tokens the current request view saves against the full history. Stores nothing."""
+        """Returns the tokens the request view (at the budget ``token_budget`` and ``provider`` give, as for
+        ``get_messages_for_request``) saves against the full history. Stores nothing.
+
+        Raises StoreClosedError after ``close()``, ValueError for a bad ``token_budget``.
+        """
         self._check_open()
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._request_view(budget, source)
@@ -752,7 +829,13 @@ class PersistentContextManager:
         return bool(self._compaction.auto_compact and token_count >= self._compaction.compact_threshold * budget)
 
     def stats(self) -> dict[str, Any]:
-        """Counts and facts about this session (events, bytes, tokens, tokenizer)."""
+        """Returns counts and facts about this session: ``session_id``, ``path``, ``head_seq``, ``events``
+        (count per event type), ``bytes`` (the log's size; None on PostgreSQL), ``messages``, ``pinned``,
+        ``tokens``, ``tokenizer``, ``tokenizer_exact``, ``fsync``, ``loaded_from_file``, ``last_compaction``
+        (None, or the last compaction that changed the request view: ``at_seq``, ``ts``, ``budget``,
+        ``budget_source``, ``strategy_used``, tokens and messages before and after, what was dropped, masked
+        or truncated) and ``checkpoint``. Raises StoreClosedError after ``close()``.
+        """
         self._check_open()
         st = self._state
         return {
@@ -778,30 +861,52 @@ class PersistentContextManager:
         }
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) --------------------
-    async def export(self, path: str | os.PathLike[str], *, format: str = "jsonl", view: str = "full",
+    async def export(self, path: str | os.PathLike[str], *, format: str | None = None, view: str = "full",
                      at_seq: int | None = None, token_budget: int | None = None, progress: Any = None
                      ) -> dict[str, Any]:
-        """Write a snapshot of a view, at the head or right after ``at_seq``, atomically; returns its header."""
+        """Write a snapshot of a view, at the head or right after ``at_seq``, to ``path`` atomically.
+
+        ``format`` is ``jsonl``, ``json`` or ``markdown`` (None: from the file name, ``.md``/``.markdown``
+        markdown, ``.json`` json, else jsonl); ``view`` is ``full``, ``conversation``, ``reasoning`` or
+        ``request`` (with ``token_budget``); ``progress`` (``progress(done, total)``) is called as it writes. The snapshot
+        format is in docs/snapshots.md.
+
+        Returns the header it wrote. Raises ValueError for a bad format, view or ``at_seq``, or a
+        ``token_budget`` with a view other than ``request``; FileNotFoundError if the target folder does
+        not exist; StoreClosedError after ``close()``.
+        """
         from .snapshot import export
 
         return await export(self, path, format=format, view=view, at_seq=at_seq, token_budget=token_budget,
                             progress=progress)
 
     async def fork(self, new_session_id: str, *, at_seq: int | None = None) -> dict[str, Any]:
-        """Create a new session with this history and pins as of ``at_seq`` (default: now); names its parent."""
+        """Create the new session ``new_session_id`` with this history and pins as of ``at_seq`` (default: the
+        head); its ``session_started`` names this session and the seq as its parent. This session is only read.
+
+        Returns a summary (``session_id``, ``parent``, ``seq``, ``messages``, ``pinned``, ``head_seq``,
+        ``path``). Raises SessionExistsError if the new session exists, ValueError for a bad id or
+        ``at_seq``.
+        """
         from .snapshot import fork
 
         return await fork(self, new_session_id, at_seq=at_seq)
 
     async def at(self, seq: int) -> "PersistentContextManager":
-        """A read-only store showing this session as it was right after event ``seq`` (close it after use)."""
+        """Returns a read-only store showing this session as it was right after event ``seq`` (close it after
+        use); it has every read method. Raises ValueError if ``seq`` is not between 1 and ``head_seq``,
+        StoreClosedError after ``close()``."""
         from .snapshot import open_at
 
         self._check_open()
         return await open_at(self, seq)
 
     def follow(self, after_seq: int | None = None) -> Any:
-        """Async iterator over records appended by any process after ``after_seq`` (default: this store's head)."""
+        """Returns an async iterator over the records (dicts: ``seq``, ``ts``, ``type``, ``data``) appended by
+        any process after ``after_seq`` (default: this store's head), as they arrive; none is missed or
+        repeated (docs/snapshots.md). Raises StoreClosedError after ``close()``; iterating raises
+        LogChangedError if records already reported are rewritten.
+        """
         self._check_open()
         return self._log.follow(self._state.head_seq if after_seq is None else after_seq)
 
@@ -820,7 +925,10 @@ class PersistentContextManager:
 
     # -- closing ------------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Flush and release the session (idempotent)."""
+        """Flush pending writes, write a checkpoint if due and release the session's lock (idempotent).
+
+        Raises LogWriteError or DatabaseError if the pending writes cannot be flushed.
+        """
         if self._closed:
             return
         if self._replay is not None and self._replay.held and not self._closed:

@@ -280,6 +280,19 @@ async def list_sessions(dsn: str | None = None, schema: str | None = None) -> li
         await conn.close()
 
 
+async def session_bytes(dsn: str | None, schema: str | None, session_id: str) -> int:
+    """The bytes of a session's records in the events table (what its log would be as a file)."""
+    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
+    conn = await connect(dsn)
+    try:
+        with translated(f"measuring session {session_id!r} in schema {schema!r} at {redact_dsn(dsn)}"):
+            value = await conn.fetchval(f"SELECT coalesce(sum(octet_length(record) + 1), 0) FROM {schema}.events "
+                                        "WHERE session_id = $1", session_id)
+        return int(value)
+    finally:
+        await conn.close()
+
+
 async def _lock_holder(conn: Any, key: int) -> dict[str, Any] | None:
     """Who holds an advisory lock: backend pid, application_name (our client pid and host), client address."""
     row = await conn.fetchrow(

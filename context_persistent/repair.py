@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -59,11 +60,40 @@ class Problem:
     length: int
     reason: str
     seq: int | None = None
+    #: What these bytes held that the history loses without them (seqs, event type, message), as far as
+    #: can be told; None for a problem that removes nothing (an unloadable record is kept).
+    lost: str | None = None
 
     def describe(self) -> str:
         what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
                 "unloadable": "unloadable record"}[self.kind]
-        return f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
+        text = f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
+        return text + (f"; {self.lost}" if self.lost else "")
+
+
+def _content_of(raw: bytes) -> str:
+    """What a bad piece seems to hold, read without trusting it: event type and message role and text."""
+    try:
+        rec = orjson.loads(raw.strip())
+    except orjson.JSONDecodeError:
+        kind = re.search(rb'"type.{1,3}?([a-z_]{4,})"', raw)  # (the flipped byte may be in these names too)
+        role = re.search(rb'"role.{1,3}?([a-z_]{4,})"', raw)
+        if kind is None:
+            return "content unreadable"
+        what = kind.group(1).decode() + (f" of a {role.group(1).decode()} message" if role else "")
+        return f"it looks like a {what} event (not valid JSON any more)"
+    if not isinstance(rec, dict):
+        return "content unreadable"
+    data: dict[str, Any] = rec["data"] if isinstance(rec.get("data"), dict) else {}
+    msg: dict[str, Any] | None = data["message"] if isinstance(data.get("message"), dict) else None
+    text = f"{rec.get('type')} event"
+    if msg is not None:
+        content = msg.get("content")
+        body = content if isinstance(content, str) else orjson.dumps(content).decode()
+        text = f"{msg.get('role')} message {body[:60]!r}" + ("…" if len(body) > 60 else "")
+    elif isinstance(data.get("messages"), list):
+        text = f"{len(data['messages'])} messages (a replacement)"
+    return f"it held {text} (unverified)"
 
 
 @dataclass
@@ -73,6 +103,8 @@ class Gap:
     after_seq: int
     next_seq: int
     explained: bool = False
+    #: Bad bytes sit where the missing seqs were: the gap is that corruption, already reported as a problem.
+    corrupt: bool = False
 
 
 @dataclass
@@ -93,7 +125,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(g.explained for g in self.gaps) and self.checkpoint.get("ok", True)
+        return (not self.problems and all(g.explained or g.corrupt for g in self.gaps)
+                and self.checkpoint.get("ok", True))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -176,7 +209,9 @@ class _Walk:
         if self._pending:  # nothing valid after them: one torn tail, as open sees it
             first = self._pending[0][0]
             raw = b"".join(r for _, r in self._pending)
-            torn = Problem("torn", first.line, first.offset, len(raw), first.reason)
+            torn = Problem("torn", first.line, first.offset, len(raw), first.reason,
+                           lost=f"the history loses what followed seq {self.last_seq}, never acknowledged as "
+                                f"written if a writer crashed mid-append; {_content_of(raw)}")
             self.problems.append(torn)
             self.bad.append((torn, raw))
         for gap in self.gaps:
@@ -193,17 +228,31 @@ class _Walk:
         self._pending = []
 
     def _good(self, n: int, offset: int, raw: bytes, rec: dict[str, Any]) -> None:
-        self._flush_pending()  # bad bytes before a valid record are corruption, not a torn tail
         seq = rec["seq"]
+        if self._pending:  # say what the bad bytes took from the history: the seqs missing where they are
+            missing = seq - self.last_seq - 1
+            for i, (problem, bad_raw) in enumerate(self._pending):
+                if missing <= 0:
+                    problem.lost = f"no seq is missing where it is: not a record of the history; {_content_of(bad_raw)}"
+                    continue
+                lo, hi = self.last_seq + 1, seq - 1
+                if missing == len(self._pending):
+                    lo = hi = self.last_seq + 1 + i
+                span = f"seq {lo}" if lo == hi else f"seqs {lo}..{hi} (between seq {self.last_seq} and seq {seq})"
+                problem.lost = f"the history loses {span}; {_content_of(bad_raw)}"
+        corrupt_before = bool(self._pending)
+        self._flush_pending()  # bad bytes before a valid record are corruption, not a torn tail
         if seq <= self.last_seq:
-            problem = Problem("seq", n, offset, len(raw), f"seq {seq} does not follow seq {self.last_seq}", seq)
+            problem = Problem("seq", n, offset, len(raw), f"seq {seq} does not follow seq {self.last_seq}", seq,
+                              lost=f"the history loses this copy of seq {seq} ({rec['type']}); the record of "
+                                   f"seq {seq} before it stays")
             self.problems.append(problem)
             self.bad.append((problem, raw))
             return
         if self.records == 0:
             self.first_seq, self.first_crc = seq, rec.get("crc")
         elif seq > self.last_seq + 1:
-            self.gaps.append(Gap(self.last_seq, seq))
+            self.gaps.append(Gap(self.last_seq, seq, corrupt=corrupt_before))
         self.last_seq = seq
         self.records += 1
         if rec["type"] == REPAIRED:

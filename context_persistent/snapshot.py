@@ -110,13 +110,16 @@ async def view_messages(store: PersistentContextManager, view: str, token_budget
 
 
 # -- export -----------------------------------------------------------------------------------------
-async def export(store: PersistentContextManager, path: str | os.PathLike[str], *, format: str = "jsonl",
+async def export(store: PersistentContextManager, path: str | os.PathLike[str], *, format: str | None = None,
                  view: str = "full", at_seq: int | None = None, token_budget: int | None = None,
                  progress: Progress | None = None) -> dict[str, Any]:
     """Write a snapshot of ``view`` at the head (or right after ``at_seq``) to ``path``; returns its header.
 
+    ``format`` None takes it from the file name (``.md``/``.markdown`` markdown, ``.json`` json, else jsonl).
     The file is replaced atomically: readers see the old file or the complete new one, never a part.
     """
+    if format is None:
+        format = sc.format_for_path(path)
     sc.check_choice("format", format, sc.FORMATS)
     sc.check_choice("view", view, sc.VIEWS)
     store._check_open()
@@ -146,6 +149,8 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
         header["parent"] = state.session["parent"]
     if token_budget is not None:
         header["token_budget"] = token_budget
+    if view == "request":  # the notes put in place of left-out messages: not messages of the session
+        header["notes"] = sc.note_indices(messages, state.messages)
     chunks = list(sc.encode_snapshot(header, messages, format))
     await write_atomic(Path(path), chunks, progress)
     return header
@@ -277,17 +282,25 @@ async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: s
 # -- import -----------------------------------------------------------------------------------------
 async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path: str | os.PathLike[str],
                   source: str = "auto", system_message: str | None = None, progress: Progress | None = None,
-                  **config: Any) -> dict[str, Any]:
-    """Create the NEW session ``session_id`` from a snapshot, a CLI transcript or a context-messages file.
+                  request_notes: str = "refuse", **config: Any) -> dict[str, Any]:
+    """Create the NEW session ``session_id`` in ``storage_path`` from the file ``path``: a snapshot, a CLI
+    transcript or a context-messages file.
 
-    ``source="auto"`` detects the kind (docs/snapshots.md lists the rules). ``system_message`` prepends a
+    ``source`` says what the file is: ``"auto"`` detects it (docs/snapshots.md lists the rules),
+    ``"snapshot"``, ``"transcript"`` or ``"reference"`` insist. ``progress`` (``progress(done, total)``) is
+    called as the file is read. ``system_message`` prepends a
     system message (an Amplifier CLI transcript has none). Raises SessionExistsError if the session exists,
     MalformedInputError (a ValueError) naming the file and line for bad or truncated input, ValueError for
     a Markdown snapshot (one-way). Nothing is written unless the whole file is valid. Returns a summary.
     ``config`` selects the backend (``backend``/``dsn``), as for ``PersistentContextManager.open``.
+
+    A request-view snapshot holds notes the store wrote in place of left-out messages (header ``notes``);
+    ``request_notes`` says what to do with them: ``"refuse"`` (default: ValueError, nothing imported),
+    ``"drop"`` (leave them out) or ``"keep"`` (store them as the user messages they look like).
     """
     validate_session_id(session_id)
     sc.check_choice("source", source, sc.SOURCES)
+    sc.check_choice("request_notes", request_notes, sc.NOTE_CHOICES)
     if system_message is not None and not isinstance(system_message, str):
         raise ValueError(f"system_message must be a string, got {type(system_message).__name__}")
     cfg = _backend_config(config)
@@ -307,8 +320,21 @@ async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path
     if kind == "snapshot":
         header, messages = sc.parse_snapshot(data, name)
         pins = sc.header_pins(header, len(messages), name) if header.get("view") == "full" else []
+        notes = sc.header_notes(header, messages, name)
+        if notes and request_notes == "refuse":
+            listed = ", ".join(map(str, notes[:10])) + (", …" if len(notes) > 10 else "")
+            raise ValueError(
+                f"{name} is a request view: {len(notes)} of its messages (at {listed}) are notes context-persistent "
+                "wrote in place of left-out messages, not messages of the session; imported, they would become "
+                "user messages. Export the full view to move a session, or choose what to do with the notes: "
+                "drop them (CLI --request-notes drop) or keep them as user messages (--request-notes keep)")
+        if notes and request_notes == "drop":
+            gone = set(notes)
+            messages = [m for i, m in enumerate(messages) if i not in gone]
         provenance["snapshot"] = {k: header.get(k) for k in ("session_id", "view", "seq_range", "created_at",
                                                              "format", "body_sha256")}
+        if notes:
+            provenance["request_notes"] = {"action": request_notes, "count": len(notes)}
     else:
         messages, stamps = sc.parse_message_lines(data, name)
         if kind == "messages":

@@ -44,6 +44,31 @@ def check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
     return value
 
 
+def format_for_path(path: str | Any) -> str:
+    """The snapshot format a file name implies: ``.md``/``.markdown`` → markdown, ``.json`` → json, else jsonl."""
+    suffix = Path(str(path)).suffix.lower()
+    return {".md": "markdown", ".markdown": "markdown", ".json": "json"}.get(suffix, "jsonl")
+
+
+#: How every note the request view puts in place of left-out messages begins (compaction/_base.py).
+NOTE_PREFIX: Final = "[context-persistent: "
+
+
+def note_indices(messages: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]] = ()) -> list[int]:
+    """Positions of the notes a request view holds: user messages the store wrote in place of left-out
+    messages (``[context-persistent: … left out …]``, or a summary), not messages of the session. A message
+    equal to one of ``history`` is the session's own, whatever its text."""
+    found = [i for i, m in enumerate(messages)
+             if m.get("role") == "user" and isinstance(m.get("content"), str)
+             and m["content"].startswith(NOTE_PREFIX)]
+    if found and history:
+        own = {m["content"] for m in history
+               if m.get("role") == "user" and isinstance(m.get("content"), str)
+               and m["content"].startswith(NOTE_PREFIX)}
+        found = [i for i in found if messages[i]["content"] not in own]
+    return found
+
+
 # -- writing ----------------------------------------------------------------------------------------
 def message_lines(messages: Sequence[dict[str, Any]]) -> Iterator[bytes]:
     """The canonical body, one line per message (the unit the checksum covers)."""
@@ -93,8 +118,10 @@ def render_markdown(header: dict[str, Any], messages: Sequence[dict[str, Any]]) 
            f"\nView **{header['view']}**, {len(messages)} messages, events {header['seq_range'][0]}–"
            f"{header['seq_range'][1]}, exported {header['created_at']}. One-way: import a JSONL or JSON "
            "snapshot instead.\n"]
+    notes = set(header.get("notes") or ())
     for i, m in enumerate(messages, 1):
-        out.append(f"\n## {i}. {m.get('role')}\n\n")
+        label = " (a note in place of left-out messages, not a message of the session)" if i - 1 in notes else ""
+        out.append(f"\n## {i}. {m.get('role')}{label}\n\n")
         content = m.get("content")
         if isinstance(content, str):
             out.append(content.rstrip("\n") + "\n")
@@ -295,3 +322,21 @@ def header_pins(header: dict[str, Any], count: int, path: str) -> list[int]:
     if not isinstance(pins, list) or not all(isinstance(i, int) and 0 <= i < count for i in pins):
         raise MalformedInputError(path, 1, f"header 'pinned' must list message positions 0..{count - 1}")
     return sorted(set(pins))
+
+
+NOTE_CHOICES: Final = ("refuse", "drop", "keep")
+
+
+def header_notes(header: dict[str, Any], messages: Sequence[dict[str, Any]], path: str) -> list[int]:
+    """The note positions of a request-view snapshot: the header's ``notes`` list, or (a snapshot written
+    before headers listed them) the messages that look like notes."""
+    if header.get("view") != "request":
+        return []
+    if "notes" not in header:
+        return note_indices(messages)
+    notes = header["notes"]
+    count = len(messages)
+    if not isinstance(notes, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count
+                                              for i in notes):
+        raise MalformedInputError(path, 1, f"header 'notes' must list message positions 0..{count - 1}")
+    return sorted(set(notes))

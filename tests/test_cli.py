@@ -65,11 +65,13 @@ def test_help_through_the_console_entry(env: dict[str, str]) -> None:
 
 def test_ls_empty_then_with_sessions_table_and_json(env: dict[str, str], storage: Path, sessions: Path) -> None:
     """ls lists sessions (from $CONTEXT_PERSISTENT_DIR) with messages, events, size and last activity."""
+    (storage / "nothing").mkdir()
     p = cli({**env, "CONTEXT_PERSISTENT_DIR": str(storage / "nothing")}, "ls")
     assert p.returncode == 0 and "no sessions" in p.stdout
     p = cli(env, "ls")
     assert p.returncode == 0, p.stderr
-    header, *rows = p.stdout.strip().splitlines()
+    where, header, *rows = p.stdout.strip().splitlines()
+    assert where == f"storage {storage} (from $CONTEXT_PERSISTENT_DIR)"
     assert header.split()[:3] == ["SESSION", "MESSAGES", "EVENTS"]
     assert [r.split()[:3] for r in rows] == [["cli", "13", "14"], ["ref", "15", "16"]]
     data = json.loads(cli(env, "ls", "--json").stdout)
@@ -157,6 +159,7 @@ def test_tail_follow_waits_for_a_missing_session_and_timeout_ends_it(env: dict[s
     """tail -f on a session that does not exist yet waits (says so on stderr); --timeout ends it with 0."""
     p = cli(env, "tail", "later", "-f", "--timeout", "0.5")
     assert p.returncode == 0 and "waiting for session 'later'" in p.stderr and p.stdout == ""
+    Path(env["CONTEXT_PERSISTENT_DIR"]).mkdir()
     p = cli(env, "tail", "later")
     assert p.returncode == 1 and "not found" in one_line_error(p)
 

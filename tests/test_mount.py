@@ -23,18 +23,20 @@ async def test_config_wins_over_coordinator_and_env(tmp_path: Path) -> None:
     await cleanup2()
 
 
-async def test_env_then_cwd_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without storage_path: $CONTEXT_PERSISTENT_DIR, else .amplifier/context under the working directory."""
+async def test_env_then_home_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without storage_path: $CONTEXT_PERSISTENT_DIR, else ~/.amplifier/context, whatever the working directory."""
     monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "env"))
     c = MockCoordinator()
     cleanup = await mount(c, {})
     assert c.mount_points["context"].path == tmp_path / "env" / "test-session" / "events.jsonl"
     await cleanup()
     monkeypatch.delenv("CONTEXT_PERSISTENT_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     c = MockCoordinator()
     cleanup = await mount(c, {})
-    assert c.mount_points["context"].path == tmp_path / ".amplifier" / "context" / "test-session" / "events.jsonl"
+    assert c.mount_points["context"].path == tmp_path / "home" / ".amplifier" / "context" / "test-session" / "events.jsonl"
+    assert not (tmp_path / ".amplifier").exists()
     await cleanup()
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from ..errors import ContextPersistentError
@@ -23,52 +25,105 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 EPILOG = """examples:
   context-persistent ls                        sessions with message counts, size and last activity
+  context-persistent where                     the storage folder in use, and where that setting came from
   context-persistent show my-session --view conversation
+  context-persistent show my-session -n 20     the last 20 messages, with the seq of each
   context-persistent tail my-session -f        watch a running agent from another terminal
   context-persistent export my-session backup.jsonl
+  context-persistent export my-session - | jq .    a snapshot on stdout
   context-persistent import transcript.jsonl migrated-session
   context-persistent fork my-session try-2 --at 40
   context-persistent verify my-session         check every record; exit 1 with a report if anything is wrong
+  context-persistent --storage /srv/agents ls  global options go before or after the command
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
   context-persistent --help                    this help; every command has its own --help with examples
 
-storage: --storage PATH on every command, else $CONTEXT_PERSISTENT_DIR, else ./.amplifier/context
+storage: --storage PATH, else $CONTEXT_PERSISTENT_DIR, else ~/.amplifier/context (`where` shows which)
 """
+
+#: Commands whose output has no JSON form: ``--json`` is refused (exit 2) rather than ignored.
+NO_JSON = frozenset({"demo"})
 
 
 class UsageError(Exception):
     """Bad command-line usage (exit code 2)."""
 
 
-def common_parser() -> argparse.ArgumentParser:
-    """Options every command takes (added to each subparser so they may follow the command name)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--storage", metavar="PATH", default=None,
-                   help="storage folder (default: $CONTEXT_PERSISTENT_DIR or ./.amplifier/context)")
-    p.add_argument("--dsn", metavar="URL", default=None,
+class StorageNotFoundError(ContextPersistentError):
+    """A reading command was pointed at a storage folder that does not exist (exit code 1)."""
+
+
+def _add_common(p: argparse.ArgumentParser, default: object) -> None:
+    p.add_argument("--storage", metavar="PATH", default=default,
+                   help="storage folder (default: $CONTEXT_PERSISTENT_DIR, else ~/.amplifier/context)")
+    p.add_argument("--dsn", metavar="URL", default=default,
                    help="use the PostgreSQL backend at this postgresql:// URL instead of --storage "
                         "(docs/postgres.md; $CONTEXT_PERSISTENT_DSN is the default for `db` commands)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--pg-schema", metavar="NAME", default=default,
+                   help="with --dsn: the schema holding the tables (default: $CONTEXT_PERSISTENT_PG_SCHEMA, "
+                        "else context_persistent)")
+    p.add_argument("--json", action="store_true", default=default, help="machine-readable output")
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks on errors")
+
+
+def common_parser() -> argparse.ArgumentParser:
+    """Options every command takes, before or after the command name (``--storage X ls`` = ``ls --storage X``).
+
+    Added to each subparser with SUPPRESS defaults, so that a value given before the command is kept."""
+    p = argparse.ArgumentParser(add_help=False)
+    _add_common(p, argparse.SUPPRESS)
     return p
 
 
-def storage_of(args: argparse.Namespace) -> str:
-    from ..mount import storage_from
+def storage_info(args: argparse.Namespace) -> tuple[str, str]:
+    """The storage folder and where the setting came from: ``--storage``, ``$CONTEXT_PERSISTENT_DIR`` or
+    ``default``."""
+    from ..mount import ENV_STORAGE, storage_source
 
-    return str(storage_from({"storage_path": args.storage}))
+    path, source = storage_source({"storage_path": getattr(args, "storage", None)})
+    return str(path), {"config": "--storage", "environment": "$" + ENV_STORAGE}.get(source, source)
+
+
+def storage_of(args: argparse.Namespace) -> str:
+    return storage_info(args)[0]
+
+
+def require_storage(args: argparse.Namespace) -> str:
+    """The storage folder of a reading command; StorageNotFoundError if it does not exist (a typo in
+    ``--storage`` must not look like an empty store). Not checked with ``--dsn`` (nothing on disk)."""
+    path, source = storage_info(args)
+    if getattr(args, "dsn", None) or Path(path).is_dir():
+        return path
+    if Path(path).exists():
+        raise StorageNotFoundError(f"storage {path} (from {source}) is not a folder")
+    raise StorageNotFoundError(f"storage folder {path} (from {source}) does not exist; give the folder your "
+                               "agent writes to with --storage PATH or $CONTEXT_PERSISTENT_DIR "
+                               "(`context-persistent where` shows what is in use)")
 
 
 def backend_of(args: argparse.Namespace) -> dict[str, str]:
-    """Config selecting the backend: ``{"backend": "postgres", "dsn": ...}`` with ``--dsn``, else ``{}``.
+    """Config selecting the backend: ``{"backend": "postgres", "dsn": ..., "pg_schema": ...}`` with ``--dsn``,
+    else ``{}``.
 
     Pass it to ``PersistentContextManager.open(storage_path=storage_of(args), **backend_of(args))``.
     """
     dsn = getattr(args, "dsn", None)
-    return {"backend": "postgres", "dsn": dsn} if dsn else {}
+    if not dsn:
+        if getattr(args, "pg_schema", None):
+            raise UsageError("--pg-schema applies with --dsn only (the PostgreSQL backend)")
+        return {}
+    out = {"backend": "postgres", "dsn": dsn}
+    if getattr(args, "pg_schema", None):
+        out["pg_schema"] = args.pg_schema
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
+    def format_help(self) -> str:
+        # Descriptions come from docstrings: show their reStructuredText roles and ``literals`` as plain text.
+        text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help())
+        return text.replace("``", "`")
+
     def error(self, message: str) -> NoReturn:  # exit code 2 with one line, as argparse does, but our format
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -78,6 +133,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="context-persistent", description=__doc__.splitlines()[0] if __doc__ else None,
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = common_parser()
     for name in COMMAND_MODULES:
@@ -90,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
+        return EXIT_USAGE
+    if args.json and args.command in NO_JSON:
+        print(f"context-persistent {args.command}: error: --json is not supported by {args.command} "
+              "(its output is for people)", file=sys.stderr)
         return EXIT_USAGE
     try:
         return int(args.func(args) or 0)

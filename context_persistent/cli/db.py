@@ -67,8 +67,5 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                              ("status", run_status, "server, layout version, counts, current writers")):
         q = db.add_parser(name, parents=[common], help=text, description=text, epilog=EXAMPLES,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        q.add_argument("--pg-schema", metavar="NAME", default=None,
-                       help="schema holding the tables (default: $CONTEXT_PERSISTENT_PG_SCHEMA or "
-                            "context_persistent)")
         q.set_defaults(func=func)
     p.set_defaults(func=lambda args: p.print_help() or 2)

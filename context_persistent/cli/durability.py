@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 
+from ..errors import ContextPersistentError, SessionLockedError
 from ..paths import session_dir
 from ..repair import Report, RepairResult, repair, verify
-from . import EXIT_OK, EXIT_PROBLEM, UsageError, storage_of
+from . import EXIT_OK, EXIT_PROBLEM, UsageError, require_storage
 from .transfer import Progress
 
 
@@ -24,7 +25,7 @@ def _directory(args: argparse.Namespace) -> Any:
     if getattr(args, "dsn", None):
         raise UsageError(f"{args.command} works on file sessions; the PostgreSQL backend verifies every "
                          "record as it reads it")
-    return session_dir(storage_of(args), args.session)
+    return session_dir(require_storage(args), args.session)
 
 
 def _print_json(value: dict[str, Any]) -> None:
@@ -41,6 +42,8 @@ def format_report(r: Report) -> str:
         lines.append(f"  PROBLEM {p.describe()}")
     for g in r.gaps:
         span = f"seq {g.after_seq} -> {g.next_seq} ({g.next_seq - g.after_seq - 1} missing)"
+        if g.corrupt and not g.explained:
+            continue  # the corrupt record(s) reported above are where these seqs were
         if g.explained:
             lines.append(f"  note: gap {span}, left by an earlier repair (recorded in the log)")
         else:
@@ -107,8 +110,19 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_repair(args: argparse.Namespace) -> int:
-    result = _run(args, "repair", repair, format_repair)
+    try:
+        result = _run(args, "repair", repair, format_repair)
+    except SessionLockedError as e:
+        holder = f"pid {e.pid}" if e.pid else "another process"
+        raise _Locked(
+            f"session {e.session_id!r} is open for writing by {holder}: repair needs the session to itself. "
+            f"Stop that agent (or let it close the session), then run `context-persistent repair {e.session_id}` "
+            f"again; `context-persistent verify {e.session_id}` works meanwhile") from None
     return EXIT_PROBLEM if result.unfixable else EXIT_OK
+
+
+class _Locked(ContextPersistentError):
+    """The session is held by a writer: what a command-line user can do about it."""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -121,7 +135,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         epilog="examples:\n  context-persistent verify my-session\n  context-persistent verify my-session --json\n"
                "exit codes: 0 clean, 1 problems found (report printed), 2 usage error\n",
     )
-    p.add_argument("session", help="session id")
+    p.add_argument("session", metavar="SESSION", help="session id")
     p.set_defaults(func=run_verify)
     p = sub.add_parser(
         "repair", parents=[common], formatter_class=fmt,
@@ -133,5 +147,5 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                "  context-persistent verify my-session || context-persistent repair my-session\n"
                "exit codes: 0 repaired or nothing to do, 1 refused (session locked) or not everything fixable\n",
     )
-    p.add_argument("session", help="session id")
+    p.add_argument("session", metavar="SESSION", help="session id")
     p.set_defaults(func=run_repair)

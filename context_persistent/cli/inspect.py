@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from . import UsageError, backend_of, storage_of
+from . import UsageError, backend_of, require_storage, storage_info, storage_of
 
 VIEWS = ("full", "conversation", "reasoning", "request")
 _ROLE_COLOURS = {"system": "35", "developer": "35", "user": "32", "assistant": "36", "tool": "33",
@@ -104,8 +104,8 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
 async def _open(args: argparse.Namespace, session: str) -> Any:
     from ..manager import PersistentContextManager
 
-    return await PersistentContextManager.open(storage_path=storage_of(args), session_id=session, readonly=True,
-                                               **backend_of(args))
+    return await PersistentContextManager.open(storage_path=require_storage(args), session_id=session,
+                                               readonly=True, **backend_of(args))
 
 
 # -- ls ---------------------------------------------------------------------------------------------
@@ -144,13 +144,13 @@ async def _ls(args: argparse.Namespace) -> int:
     if backend_of(args):
         from .. import pg
 
-        listed = await pg.list_sessions(args.dsn)
+        listed = await pg.list_sessions(args.dsn, backend_of(args).get("pg_schema"))
         ids = [(r["session_id"], None) for r in listed]
         updated = {r["session_id"]: r.get("updated_at") for r in listed}
     else:
-        root = Path(storage_of(args))
+        root = Path(require_storage(args))
         ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
-                     if not d.name.startswith(".") and (d / LOG_NAME).is_file()) if root.is_dir() else []
+                     if not d.name.startswith(".") and (d / LOG_NAME).is_file())
     for sid, log_path in ids:
         row: dict[str, Any] = {"session_id": sid}
         try:
@@ -162,16 +162,13 @@ async def _ls(args: argparse.Namespace) -> int:
             problem = True
             row["error"] = str(e)
         rows.append(row)
-    where = storage_of(args)
-    if backend_of(args):
-        from ..pg import redact_dsn
-
-        where = redact_dsn(args.dsn)
+    where, source = _where(args)
     if args.json:
-        print_json({"storage": where, "sessions": rows})
+        print_json({"storage": where, "storage_source": source, "sessions": rows})
     elif not rows:
-        print(f"no sessions in {where}")
+        print(f"no sessions in {where} (from {source})")
     else:
+        print(f"storage {where} (from {source})")
         print(table(["SESSION", "MESSAGES", "EVENTS", "SIZE", "LAST ACTIVITY"],
                     [[r["session_id"], r.get("messages", "-"), r.get("events", "-"), human_size(r.get("bytes")),
                       short_time(r.get("last_activity")) if "error" not in r else "error: " + r["error"]]
@@ -179,40 +176,118 @@ async def _ls(args: argparse.Namespace) -> int:
     return 1 if problem else 0
 
 
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    """What the command reads and where that setting came from (a redacted DSN and schema with --dsn)."""
+    backend = backend_of(args)
+    if backend:
+        from ..pg import redact_dsn, resolve_schema
+
+        return f"{redact_dsn(args.dsn)} schema {resolve_schema(backend.get('pg_schema'))}", "--dsn"
+    return storage_info(args)
+
+
+# -- where ------------------------------------------------------------------------------------------
+async def _where_cmd(args: argparse.Namespace) -> int:
+    from ..paths import LOG_NAME
+
+    where, source = _where(args)
+    info: dict[str, Any] = {"storage": where, "source": source,
+                            "backend": "postgres" if backend_of(args) else "file"}
+    if not backend_of(args):
+        root = Path(where)
+        info["exists"] = root.is_dir()
+        info["sessions"] = sum(1 for d in root.iterdir() if not d.name.startswith(".")
+                               and (d / LOG_NAME).is_file()) if root.is_dir() else 0
+    if args.json:
+        print_json(info)
+        return 0
+    print(f"{where}")
+    print(f"  from:     {source}")
+    if "exists" in info:
+        state = (f"{info['sessions']} session(s)" if info["exists"]
+                 else "does not exist yet (the first session written creates it)")
+        print(f"  contents: {state}")
+    return 0
+
+
 # -- show -------------------------------------------------------------------------------------------
+def _message_seqs(store: Any, view: str, messages: Sequence[dict[str, Any]] = ()) -> list[int | None]:
+    """The seq of the event that added each message of ``view`` (what ``--at``, ``fork --at`` and
+    ``pin(seq=...)`` take); None where a message is not one of the history's (the request view's notes
+    and rewritten messages). A ``set_messages`` replacement adds several messages with one seq."""
+    from ..projection import split_key
+    from ..views import _REASONING_ROLES, _text_only
+
+    state = store._full()
+    pairs = list(zip(state.messages, (split_key(k)[0] for k in state.keys)))
+    if view == "full":
+        return [seq for _, seq in pairs]
+    if view == "reasoning":
+        return [seq for m, seq in pairs if m.get("role") in _REASONING_ROLES]
+    if view == "conversation":
+        return [seq for m, seq in pairs if m.get("role") in ("user", "assistant") and _text_only(m) is not None]
+    # The request view: its messages that are the history's, unchanged, in order (notes, masked and
+    # truncated messages have none).
+    where: dict[bytes, list[int]] = {}
+    for i, (m, _) in enumerate(pairs):
+        where.setdefault(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), []).append(i)
+    out: list[int | None] = []
+    last = -1
+    for m in messages:
+        found = next((i for i in where.get(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), ()) if i > last), None)
+        if found is not None:
+            last = found
+        out.append(None if found is None else pairs[found][1])
+    return out
+
+
 async def _show(args: argparse.Namespace) -> int:
     from ..snapshot import view_messages
 
     view = args.view or ("request" if args.budget is not None else "full")
     if args.budget is not None and view != "request":
         raise UsageError("--budget applies to --view request only")
+    if args.last is not None and args.last < 0:
+        raise UsageError(f"-n/--last must be >= 0, got {args.last}")
     async with await _open(args, args.session) as store:
         head = store.head_seq
         target = await store.at(args.at) if args.at is not None else store
         try:
             messages = await view_messages(target, view, args.budget)
             seq = target.head_seq
+            seqs = _message_seqs(target, view, messages)
         finally:
             if target is not store:
                 await target.close()
+    if len(seqs) != len(messages):
+        seqs = [None] * len(messages)
+    total = len(messages)
+    first = max(0, total - args.last) if args.last is not None else 0
+    messages, seqs = messages[first:], seqs[first:]
     if args.json:
         print_json({"session_id": args.session, "view": view, "at_seq": args.at, "seq": seq, "head_seq": head,
-                    "token_budget": args.budget, "messages": messages})
+                    "token_budget": args.budget, "total_messages": total, "first_index": first,
+                    "message_seqs": seqs, "messages": messages})
         return 0
     on = use_colour(sys.stdout)
     at = f" as of seq {seq}" if args.at is not None else ""
-    print(paint(f"session {args.session} · view {view} · {len(messages)} messages{at} (log head seq {head})",
+    shown = f" (the last {len(messages)})" if first else ""
+    print(paint(f"session {args.session} · view {view} · {total} messages{shown}{at} (log head seq {head})",
                 "1", on))
     limit = None if args.full else 300
-    for i, m in enumerate(messages):
-        text = message_text(m, limit, "; --full shows all").rstrip().replace("\n", "\n" + " " * 17)
-        print(f"{i:>4}  {role_label(str(m.get('role')), on)}  {text}")
+    width = max([len(str(x)) for x in seqs if x is not None] + [3])
+    print(paint(f"{'#':>5}  {'SEQ':>{width}}  {'ROLE':<9}  MESSAGE", "2", on))
+    indent = " " * (5 + 2 + width + 2 + 9 + 2)
+    for i, (m, mseq) in enumerate(zip(messages, seqs), first):
+        text = message_text(m, limit, "; --full shows all").rstrip().replace("\n", "\n" + indent)
+        print(f"{i:>5}  {'-' if mseq is None else mseq:>{width}}  {role_label(str(m.get('role')), on)}  {text}")
     return 0
 
 
 # -- stats ------------------------------------------------------------------------------------------
 async def _last_compaction(store: Any) -> dict[str, Any] | None:
-    """The newest compaction audit record, if the log holds any (found without loading views again)."""
+    """The newest compaction audit record in the log, if any (found without loading views again), in the
+    shape of ``stats()["last_compaction"]``: ``at_seq`` (the head it was made at), ``ts``, then its fields."""
     kinds = [k for k in store.stats()["events"] if "compact" in k]
     if not kinds:
         return None
@@ -227,13 +302,14 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
                     last = rec
     finally:
         await log.close()
-    return None if last is None else {"seq": last["seq"], "ts": last["ts"], "type": last["type"],
-                                      "data": last["data"]}
+    if last is None:
+        return None
+    data = last["data"] if isinstance(last.get("data"), dict) else {}
+    return {"at_seq": last["seq"] - 1, "ts": last["ts"], "seq": last["seq"], **data}
 
 
-def _describe_compaction(rec: dict[str, Any]) -> str:
-    d = rec["data"] if isinstance(rec.get("data"), dict) else {}
-    text = f"seq {rec['seq']} at {short_time(rec['ts'])}"
+def _describe_compaction(d: dict[str, Any]) -> str:
+    text = f"seq {d['seq']} at {short_time(d['ts'])}" if "seq" in d else f"at seq {d.get('at_seq')}"
     if "before_tokens" in d:
         at_least = "at least " if d.get("before_tokens_exact") is False else ""  # a windowed rebuild
         text += (f": {d.get('strategy_used')}, {at_least}{d['before_tokens']:,} -> {d.get('after_tokens', 0):,} tokens "
@@ -245,18 +321,23 @@ def _describe_compaction(rec: dict[str, Any]) -> str:
 
 async def _stats(args: argparse.Namespace) -> int:
     async with await _open(args, args.session) as store:
-        st = store.stats()
         count = store._counter.count_message
-        views = {"full": st["tokens"],
+        views = {"full": await store.get_token_count(),
                  "conversation": sum(count(m) for m in await store.get_conversation_view()),
                  "reasoning": sum(count(m) for m in await store.get_reasoning_view())}
         budget, source = store.resolve_budget(args.budget)
         request = await store.get_messages_for_request(token_budget=args.budget)
         views["request"] = sum(count(m) for m in request)
-        compaction = await _last_compaction(store)
+        recorded = await _last_compaction(store)
         session = dict(store._state.session)
+        st = store.stats()  # after the request view: its last_compaction is that view's, if it compacted
+    if st["bytes"] is None and backend_of(args):  # PostgreSQL: the bytes of the session's records
+        from ..pg import session_bytes
+
+        st["bytes"] = await session_bytes(args.dsn, backend_of(args).get("pg_schema"), args.session)
+    # Everything store.stats() returns, as it returns it, then what only the command line adds.
     out = {**st, "tokens_per_view": views, "request_messages": len(request), "budget": budget,
-           "budget_source": source, "last_compaction": compaction,
+           "budget_source": source, "recorded_compaction": recorded,
            "parent": session.get("parent"), "imported": session.get("imported")}
     if args.json:
         print_json(out)
@@ -267,8 +348,11 @@ async def _stats(args: argparse.Namespace) -> int:
             ["pinned", st["pinned"]],
             ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
     rows += [[f"tokens: {k}", v] for k, v in views.items()]
-    rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"])
-    rows.append(["last compaction", "none recorded" if compaction is None else _describe_compaction(compaction)])
+    made = st["last_compaction"]
+    rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"
+                 + ("" if made is None else f"; compacted: {made.get('strategy_used')}, "
+                    f"{made.get('before_tokens', 0):,} -> {made.get('after_tokens', 0):,} tokens")])
+    rows.append(["last compaction", "none recorded" if recorded is None else _describe_compaction(recorded)])
     if session.get("parent"):
         rows.append(["forked from", f"{session['parent'].get('session_id')} at seq {session['parent'].get('seq')}"])
     if session.get("imported"):
@@ -320,12 +404,15 @@ async def _tail(args: argparse.Namespace) -> int:
     cfg = PersistentContextManager.check_config(backend_of(args))
     last = args.after or 0
     try:
-        log = await open_log(storage_of(args), args.session, cfg, readonly=True)
+        # Without -f a missing storage folder is an error; -f waits for the session (and so its folder).
+        storage = storage_of(args) if args.follow else require_storage(args)
+        log = await open_log(storage, args.session, cfg, readonly=True)
     except SessionNotFoundError:
         if not args.follow or backend_of(args):
             raise
         log = None
-        print(f"waiting for session {args.session!r} to be created…", file=sys.stderr)
+        where, source = storage_info(args)
+        print(f"waiting for session {args.session!r} to be created in {where} (from {source})…", file=sys.stderr)
     try:
         if log is not None:
             if args.after is not None:  # every event after SEQ
@@ -414,9 +501,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 "  context-persistent ls\n  context-persistent ls --storage ~/.amplifier/context --json\n")
     p.set_defaults(func=_run(_ls))
 
+    p = _parser(sub, common, "where", "the storage folder (or PostgreSQL schema) in use and where that setting "
+                "came from: --storage, $CONTEXT_PERSISTENT_DIR or the default",
+                "  context-persistent where\n  context-persistent --storage /srv/agents where --json\n")
+    p.set_defaults(func=_run(_where_cmd))
+
     p = _parser(sub, common, "show", "print a session's messages (a view, now or as of any event)",
                 "  context-persistent show my-session\n"
                 "  context-persistent show my-session --view conversation\n"
+                "  context-persistent show my-session -n 20             # the last 20 messages\n"
                 "  context-persistent show my-session --at 42            # as it was right after event 42\n"
                 "  context-persistent show my-session --budget 8000      # the request view at 8000 tokens\n"
                 "  context-persistent show my-session --json | jq '.messages | length'\n")
@@ -425,6 +518,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="full (default), conversation, reasoning, or request (the provider view)")
     p.add_argument("--at", type=_seq, metavar="SEQ", help="time travel: the state right after event SEQ")
     p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.add_argument("-n", "--last", type=int, metavar="N", help="only the last N messages of the view")
     p.add_argument("--full", action="store_true", help="do not shorten long messages")
     p.set_defaults(func=_run(_show))
 

@@ -5,12 +5,14 @@ The source session is opened read-only: these work while an agent is writing it.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import backend_of, storage_of
+from . import UsageError, backend_of, storage_of
 from .inspect import _open, _parser, _positive, _run, _seq, human_size, print_json
 
 FORMATS = ("jsonl", "json", "markdown")
@@ -50,32 +52,45 @@ class Progress:
 
 
 def _format_of(path: str, given: str | None) -> str:
-    if given:
-        return given
-    suffix = Path(path).suffix.lower()
-    return {".md": "markdown", ".markdown": "markdown", ".json": "json"}.get(suffix, "jsonl")
+    from ..snapshot_codec import format_for_path
+
+    return given or format_for_path(path)
 
 
 # -- export -----------------------------------------------------------------------------------------
 async def _export(args: argparse.Namespace) -> int:
-    fmt = _format_of(args.path, args.format)
+    to_stdout = args.path == "-"
+    if to_stdout and args.json:
+        raise UsageError("--json cannot be combined with PATH '-': the snapshot itself goes to stdout")
+    fmt = _format_of("" if to_stdout else args.path, args.format)
     view = args.view or ("request" if args.budget is not None else "full")
     progress = Progress(f"exporting {args.session}")
-    try:
-        async with await _open(args, args.session) as store:
-            header = await store.export(args.path, format=fmt, view=view, at_seq=args.at,
-                                        token_budget=args.budget, progress=progress)
-    finally:
-        progress.close()
-    size = Path(args.path).stat().st_size
+    with tempfile.TemporaryDirectory(prefix="context-persistent-export-") as tmp:
+        target = Path(tmp) / f"snapshot.{fmt}" if to_stdout else Path(args.path)
+        try:
+            async with await _open(args, args.session) as store:
+                header = await store.export(target, format=fmt, view=view, at_seq=args.at,
+                                            token_budget=args.budget, progress=progress)
+        finally:
+            progress.close()
+        size = target.stat().st_size
+        if to_stdout:
+            with open(target, "rb") as f:
+                shutil.copyfileobj(f, sys.stdout.buffer)
+            sys.stdout.flush()
     if args.json:
         print_json({"path": str(Path(args.path).resolve()), "bytes": size, "header": header})
-    else:
-        lo, hi = header["seq_range"]
-        print(f"exported {header['messages']} messages of session {args.session} (view {view}, events {lo}–{hi}, "
-              f"{fmt}) to {args.path} ({human_size(size)}, {header['body_sha256'][:19]}…)")
-        if fmt == "markdown":
-            print("note: Markdown is for reading; it cannot be imported (use jsonl or json to move a session)")
+        return 0
+    out = sys.stderr if to_stdout else sys.stdout  # with '-' stdout holds the snapshot: the summary goes aside
+    lo, hi = header["seq_range"]
+    where = "stdout" if to_stdout else args.path
+    print(f"exported {header['messages']} messages of session {args.session} (view {view}, events {lo}–{hi}, "
+          f"{fmt}) to {where} ({human_size(size)}, {header['body_sha256'][:19]}…)", file=out)
+    if header.get("notes"):
+        print(f"note: {len(header['notes'])} of these messages are notes written in place of left-out messages "
+              "(listed in the header's \"notes\"); this view is for a provider, not for moving a session", file=out)
+    if fmt == "markdown":
+        print("note: Markdown is for reading; it cannot be imported (use jsonl or json to move a session)", file=out)
     return 0
 
 
@@ -89,7 +104,8 @@ async def _import(args: argparse.Namespace) -> int:
     progress = Progress(f"importing {Path(args.path).name}")
     try:
         result = await import_(args.path, session_id=args.session, storage_path=storage_of(args),
-                               source=args.source, system_message=system, progress=progress, **backend_of(args))
+                               source=args.source, system_message=system, progress=progress,
+                               request_notes=args.request_notes, **backend_of(args))
     finally:
         progress.close()
     if args.json:
@@ -117,9 +133,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 "  context-persistent export my-session backup.jsonl\n"
                 "  context-persistent export my-session chat.md --view conversation     # for people; one-way\n"
                 "  context-persistent export my-session at-42.json --at 42\n"
-                "  context-persistent export my-session request.jsonl --view request --budget 8000\n")
+                "  context-persistent export my-session request.jsonl --view request --budget 8000\n"
+                "  context-persistent export my-session - --format json | jq '.messages | length'\n")
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("path", metavar="PATH", help="file to write (replaced atomically)")
+    p.add_argument("path", metavar="PATH", help="file to write (replaced atomically); - writes to stdout")
     p.add_argument("--format", choices=FORMATS, help="jsonl, json or markdown (default: from PATH's extension, "
                    ".md → markdown, .json → json, else jsonl)")
     p.add_argument("--view", choices=VIEWS, help="full (default), conversation, reasoning or request")
@@ -138,6 +155,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="what PATH is (default auto: see docs/snapshots.md for the rules)")
     p.add_argument("--system", metavar="TEXT|@FILE",
                    help="prepend a system message (a CLI transcript has none); @FILE reads it from a file")
+    p.add_argument("--request-notes", choices=("refuse", "drop", "keep"), default="refuse",
+                   help="a request-view snapshot holds notes written in place of left-out messages: refuse the "
+                        "import (default), drop the notes, or keep them as user messages")
     p.set_defaults(func=_run(_import))
 
     p = _parser(sub, common, "fork", "branch a session: a NEW session with its history and pins as of a seq",
