@@ -8,7 +8,7 @@ first use and held (with its writer lock) until :meth:`PersistentHistoryProvider
 
 Messages are stored losslessly: each is kept as its ``Message.to_dict()`` (every content type: text, reasoning,
 function calls and results, approvals, hosted tool calls, data and URIs, annotations, ``additional_properties``,
-NaN and infinities included) under the stored message's ``"agent_framework"`` key, next to a ``role`` and the
+NaN, infinities and integers beyond 64 bits included) under the stored message's ``"agent_framework"`` key, next to a ``role`` and the
 message's text as ``content`` for the store's own views and tools (``context-persistent show``). Only
 ``raw_representation``, which ``to_dict`` leaves out, is not kept.
 
@@ -47,13 +47,15 @@ from ..paths import LOG_NAME, MAX_SESSION_ID, make_private_dirs, validate_sessio
 __all__ = ["PersistentHistoryProvider", "decode_message", "encode_message", "store_session_id"]
 
 _KEY = "agent_framework"
-_TAG = "$cp"  # marks a value JSON cannot hold (a non-finite float) or a dict that itself uses this key
+_TAG = "$cp"  # marks a value the log cannot hold (non-finite float, integer beyond 64 bits) or a dict using this key
 _ENCODED_PREFIX = "af="
 _ROLE_SET = frozenset(ROLES)
 
 
 # -- values JSON cannot hold ------------------------------------------------------------------------------------
 def _encode_value(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return {_TAG: "int", "v": str(value)}
     if isinstance(value, float) and not math.isfinite(value):
         return {_TAG: "float", "v": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
     if isinstance(value, dict):
@@ -71,6 +73,8 @@ def _decode_value(value: Any) -> Any:
             return {k: _decode_value(v) for k, v in value.items()}
         if tag == "float":
             return float(value["v"])
+        if tag == "int":
+            return int(value["v"])
         if tag == "dict":
             return {k: _decode_value(v) for k, v in value["v"].items()}
         raise ValueError(f"unknown {_TAG} tag {tag!r} in a stored Agent Framework message")
