@@ -251,3 +251,25 @@ def test_encode_keeps_everything_under_one_key() -> None:
     stored = encode_message(Message(role="user", contents=["hi"], author_name="a"))
     assert set(stored) == {"role", "content", "agent_framework"}
     assert stored["agent_framework"]["author_name"] == "a"
+
+
+async def test_close_session_releases_the_lock(tmp_path: Path) -> None:
+    async with PersistentHistoryProvider(tmp_path) as first, PersistentHistoryProvider(tmp_path) as second:
+        await first.save_messages("s", [Message(role="user", contents=["1"])])
+        await first.close_session("s")
+        await second.save_messages("s", [Message(role="user", contents=["2"])])
+        assert [m.text for m in await second.get_messages("s")] == ["1", "2"]
+
+
+def test_the_framework_loads_only_when_used(subprocess_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, context_persistent, context_persistent.integrations\n"
+            "assert not any(m.split('.')[0] in ('autogen_core', 'agent_framework') for m in sys.modules)\n"
+            "sys.modules['agent_framework'] = None\n"
+            "try:\n    import context_persistent.integrations.agent_framework\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'context-persistent[agent-framework]'" in out.stdout

@@ -265,3 +265,33 @@ async def test_a_message_another_host_wrote_maps_by_role(tmp_path: Path) -> None
         assert dump(await ctx.get_messages()) == dump([
             SystemMessage(content="s"), UserMessage(content=["u"], source="context-persistent"),
             AssistantMessage(content="a", source="assistant")])
+
+
+async def test_dump_and_load_component_reopen_the_same_session(tmp_path: Path) -> None:
+    ctx = PersistentChatCompletionContext(tmp_path, "s", strategy=HeadAndTail(2, 3), fsync="batch")
+    await ctx.add_message(UserMessage(content="hi", source="user"))
+    model = ctx.dump_component()
+    assert model.provider == "context_persistent.integrations.autogen.PersistentChatCompletionContext"
+    await ctx.close()
+    again = ChatCompletionContext.load_component(model.model_dump())
+    assert isinstance(again, PersistentChatCompletionContext) and again.strategy == HeadAndTail(2, 3)
+    assert dump(await again.get_messages()) == dump([UserMessage(content="hi", source="user")])
+    assert (await again.store()).config["fsync"] == "batch"
+    await again.close()
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="t") as store:
+        with pytest.raises(ValueError, match="no declarative form"):
+            PersistentChatCompletionContext(store=store).dump_component()
+
+
+def test_the_frameworks_load_only_when_used(subprocess_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, context_persistent, context_persistent.integrations\n"
+            "assert not any(m.split('.')[0] in ('autogen_core', 'agent_framework') for m in sys.modules)\n"
+            "sys.modules['autogen_core'] = None\n"
+            "try:\n    import context_persistent.integrations.autogen\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'context-persistent[autogen]'" in out.stdout

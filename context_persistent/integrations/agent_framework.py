@@ -196,6 +196,12 @@ class PersistentHistoryProvider(HistoryProvider):
                 self._stores[sid] = store
         return store
 
+    async def close_session(self, session_id: str | None) -> None:
+        """Close one session's store (releasing its writer lock); it reopens on next use."""
+        store = self._stores.pop(store_session_id(session_id), None)
+        if store is not None:
+            await store.close()
+
     async def aclose(self) -> None:
         """Close every store this provider opened (releasing their writer locks)."""
         stores, self._stores = list(self._stores.values()), {}

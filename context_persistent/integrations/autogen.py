@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 try:
-    from autogen_core import FunctionCall, Image
+    from autogen_core import Component, FunctionCall, Image
     from autogen_core.model_context import ChatCompletionContext
     from autogen_core.model_context._chat_completion_context import ChatCompletionContextState
     from autogen_core.models import (
@@ -61,6 +61,8 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "context_persistent.integrations.autogen needs autogen-core: pip install 'context-persistent[autogen]'"
     ) from e
+
+from pydantic import BaseModel
 
 from ..manager import PersistentContextManager
 
@@ -282,7 +284,38 @@ def from_stored(messages: Sequence[Mapping[str, Any]]) -> list[LLMMessage]:
 
 
 # -- the context -------------------------------------------------------------------------------------------------
-class PersistentChatCompletionContext(ChatCompletionContext):
+class PersistentChatCompletionContextConfig(BaseModel):
+    """The declarative configuration (``dump_component`` / ``load_component``): where the session is, not what
+    it holds."""
+
+    storage_path: str
+    session_id: str
+    strategy: dict[str, Any] = {"kind": "request_view"}
+    store_config: dict[str, Any] = {}
+    initial_messages: list[LLMMessage] | None = None
+
+
+def _strategy_to_config(strategy: Strategy) -> dict[str, Any]:
+    if isinstance(strategy, RequestView):
+        return {"kind": "request_view", "token_budget": strategy.token_budget}
+    if isinstance(strategy, Buffered):
+        return {"kind": "buffered", "buffer_size": strategy.buffer_size}
+    if isinstance(strategy, HeadAndTail):
+        return {"kind": "head_and_tail", "head_size": strategy.head_size, "tail_size": strategy.tail_size}
+    return {"kind": "unbounded"}
+
+
+def _strategy_from_config(config: Mapping[str, Any]) -> Strategy:
+    kinds: dict[str, Any] = {"request_view": RequestView, "unbounded": Unbounded, "buffered": Buffered,
+                             "head_and_tail": HeadAndTail}
+    args = dict(config)
+    kind = args.pop("kind", None)
+    if kind not in kinds:
+        raise ValueError(f"strategy kind must be one of {', '.join(kinds)}; got {kind!r}")
+    return kinds[kind](**args)  # type: ignore[no-any-return]
+
+
+class PersistentChatCompletionContext(ChatCompletionContext, Component[PersistentChatCompletionContextConfig]):
     """A ``ChatCompletionContext`` backed by one session of the store.
 
     Give either ``storage_path`` and ``session_id`` (the store opens on first use, with ``store_config`` as
@@ -292,6 +325,8 @@ class PersistentChatCompletionContext(ChatCompletionContext):
     """
 
     component_type = "chat_completion_context"
+    component_config_schema = PersistentChatCompletionContextConfig
+    component_provider_override = "context_persistent.integrations.autogen.PersistentChatCompletionContext"
 
     def __init__(self, storage_path: str | os.PathLike[str] | None = None, session_id: str | None = None, *,
                  store: PersistentContextManager | None = None, strategy: Strategy | None = None,
@@ -310,12 +345,27 @@ class PersistentChatCompletionContext(ChatCompletionContext):
         self._store = store
         self._owns_store = store is None
         self._open_args = (Path(storage_path) if storage_path is not None else None, session_id, store_config)
+        self._initial = list(initial_messages) if initial_messages is not None else None
         self._pending_initial = list(initial_messages or [])
         self._open_lock: asyncio.Lock | None = None
         #: The full history as AutoGen messages, kept in step with the store (rebuilt from it when it changed
         #: behind our back); None until first needed.
         self._mirror: list[LLMMessage] | None = None
         self._mirror_seq = -1
+
+    def _to_config(self) -> PersistentChatCompletionContextConfig:
+        path, session_id, config = self._open_args
+        if path is None or session_id is None:
+            raise ValueError("a context built on an open store has no declarative form; build it from "
+                             "storage_path and session_id to dump it")
+        return PersistentChatCompletionContextConfig(
+            storage_path=str(path), session_id=session_id, strategy=_strategy_to_config(self.strategy),
+            store_config=dict(config), initial_messages=self._initial)
+
+    @classmethod
+    def _from_config(cls, config: PersistentChatCompletionContextConfig) -> "PersistentChatCompletionContext":
+        return cls(config.storage_path, config.session_id, strategy=_strategy_from_config(config.strategy),
+                   initial_messages=config.initial_messages, **config.store_config)
 
     # -- the store ---------------------------------------------------------------------------------------------
     async def store(self) -> PersistentContextManager:
