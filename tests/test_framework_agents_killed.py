@@ -139,12 +139,17 @@ def test_agent_killed_mid_run_resumes_with_nothing_lost(framework: str, tmp_path
         position = found + 4
     # Rows not in an acknowledged turn can only be the turns in flight at the two kills.
     assert len(rows) - 4 * len(turns) <= 2 * 4
+    # The model's last call of each turn showed it exactly the user turns stored before that turn's answer: a
+    # resumed process loaded the earlier ones, and nothing was shown twice.
+    raw = asyncio.run(collect(store))
+    users_before = {}
+    for i, row in enumerate(raw):
+        if row[0] == "assistant" and row[1].startswith("answer "):
+            users_before[int(row[1].split()[1].rstrip(":"))] = sum(1 for r in raw[:i] if r[0] == "user")
     if framework == "autogen":
-        # The model's last call of each turn showed it every stored user turn: the resumed process loaded them.
-        for turn, seen in acked:
-            assert seen >= turn, f"turn {turn}: the model saw only {seen} user turns"
+        seen = {turn: n for turn, n in acked}
     else:
-        answers = [r[1] for r in asyncio.run(collect(store)) if r[0] == "assistant" and " (saw " in r[1]]
-        seen = {int(a.split()[1].rstrip(":")): int(a.split(" (saw ")[1].split()[0]) for a in answers}
-        for turn in turns:
-            assert seen[turn] >= turn, f"turn {turn}: the model saw only {seen[turn]} user turns"
+        seen = {int(r[1].split()[1].rstrip(":")): int(r[1].split(" (saw ")[1].split()[0])
+                for r in raw if r[0] == "assistant" and " (saw " in r[1]}
+    for turn in turns:
+        assert seen[turn] == users_before[turn] >= turn, f"turn {turn}: the model saw {seen[turn]} user turns"
