@@ -216,6 +216,10 @@ async def test_initial_messages_only_for_a_new_session(tmp_path: Path) -> None:
     async with PersistentChatCompletionContext(tmp_path, "s", strategy=Unbounded(),
                                                initial_messages=initial) as ctx:
         assert dump(await ctx.get_messages()) == dump([*initial, UserMessage(content="hi", source="user")])
+        await ctx.clear()
+    async with PersistentChatCompletionContext(tmp_path, "s", strategy=Unbounded(),
+                                               initial_messages=initial) as ctx:
+        assert await ctx.get_messages() == []  # cleared is not new
 
 
 async def test_returned_messages_are_copies(tmp_path: Path) -> None:

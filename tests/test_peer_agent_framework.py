@@ -199,3 +199,13 @@ def test_the_factory_really_builds_our_store(tmp_path: Path) -> None:
         f.write("\n_CPProvider.save_messages = lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError('broken'))\n")
     result = run_pytest(tests, tmp_path, "-q", "-k", "TestInMemoryHistoryProvider and test_stores_and_loads_messages")
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+
+
+def test_missing_peer_suites_skip_or_fail_as_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTEXT_PERSISTENT_PEER_SUITES", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("CONTEXT_PERSISTENT_REQUIRE_PEER_SUITES", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="peer suites not found"):
+        _require_archive()
+    monkeypatch.setenv("CONTEXT_PERSISTENT_REQUIRE_PEER_SUITES", "1")
+    with pytest.raises(pytest.fail.Exception, match="CONTEXT_PERSISTENT_REQUIRE_PEER_SUITES=1 but peer suites"):
+        _require_archive()

@@ -320,8 +320,8 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
 
     Give either ``storage_path`` and ``session_id`` (the store opens on first use, with ``store_config`` as
     :meth:`PersistentContextManager.open` keywords; :meth:`close` closes it) or an open ``store`` (the caller
-    closes it). ``initial_messages`` are added only to a session that has no messages yet, so a resumed
-    process does not add them twice.
+    closes it). ``initial_messages`` are added only to a new session (one whose log holds no event yet), so a
+    resumed process does not add them again, not even after a ``clear``.
     """
 
     component_type = "chat_completion_context"
@@ -384,7 +384,7 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
         store = self._store
         if self._pending_initial:
             initial, self._pending_initial = self._pending_initial, []
-            if not await store.get_messages():
+            if store.head_seq <= 1:  # nothing but session_started: a new session (not merely an empty one)
                 for message in initial:
                     await self._add(store, message)
         return store
