@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from agent_framework import (
     AgentResponse,
     AgentSession,
@@ -47,10 +49,11 @@ def every_content() -> list[Message]:
     request = Content.from_function_approval_request(id="ap1", function_call=call)
     return [
         Message(role="system", contents=["be brief"]),
-        Message(role="user", contents=[Content.from_text(text="hello ✓"),
-                                       Content.from_uri(uri="data:image/png;base64,iVBORw0KGgo=", media_type="image/png"),
-                                       Content.from_uri(uri="https://example.invalid/a.pdf", media_type="application/pdf"),
-                                       Content.from_hosted_file(file_id="file-1")],
+        Message(role="user", contents=[
+            Content.from_text(text="hello ✓"),
+            Content.from_uri(uri="data:image/png;base64,iVBORw0KGgo=", media_type="image/png"),
+            Content.from_uri(uri="https://example.invalid/a.pdf", media_type="application/pdf"),
+            Content.from_hosted_file(file_id="file-1")],
                 author_name="ann", message_id="m-1"),
         Message(role="assistant", contents=[Content.from_text_reasoning(text="think", protected_data="opaque"),
                                             call, request],
@@ -145,7 +148,8 @@ async def test_bad_messages_are_refused_and_nothing_is_stored(tmp_path: Path) ->
     async with PersistentHistoryProvider(tmp_path) as provider:
         await provider.save_messages("s", [Message(role="user", contents=["kept"])])
         with pytest.raises(ValueError, match="expected an agent_framework.Message"):
-            await provider.save_messages("s", [Message(role="user", contents=["ok"]), {"role": "user"}])  # type: ignore[list-item]
+            mixed: list[Any] = [Message(role="user", contents=["ok"]), {"role": "user"}]
+            await provider.save_messages("s", mixed)
         assert [m.text for m in await provider.get_messages("s")] == ["kept"]
     with pytest.raises(ValueError, match="unknown configuration key"):
         PersistentHistoryProvider(tmp_path, fsyncc="always")
@@ -273,3 +277,22 @@ def test_the_framework_loads_only_when_used(subprocess_env: dict[str, str]) -> N
     out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "pip install 'context-persistent[agent-framework]'" in out.stdout
+
+
+json_leaves = st.one_of(st.none(), st.booleans(), st.text(max_size=5), st.floats(allow_nan=True),
+                        st.integers(min_value=-(2**80), max_value=2**80))
+json_values = st.recursive(json_leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["a", "$cp", "v", "float", "x"]), inner, max_size=4)),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_values_the_log_cannot_hold_are_kept(value: Any) -> None:
+    """Whatever Message.to_dict can produce (NaN, infinities, big ints, dicts using our tag) comes back equal."""
+    from context_persistent.codec import dumps
+    from context_persistent.integrations.agent_framework import _decode_value, _encode_value
+
+    encoded = _encode_value(value)
+    dumps(encoded)  # the log accepts it
+    assert json.dumps(_decode_value(json.loads(dumps(encoded)))) == json.dumps(value)

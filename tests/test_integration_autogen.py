@@ -10,6 +10,8 @@ from typing import Any
 
 import PIL.Image
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from autogen_core import FunctionCall, Image
 from autogen_core.model_context import (
     BufferedChatCompletionContext,
@@ -299,3 +301,25 @@ def test_the_frameworks_load_only_when_used(subprocess_env: dict[str, str]) -> N
     out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "pip install 'context-persistent[autogen]'" in out.stdout
+
+
+texts = st.text(max_size=8)
+calls = st.builds(FunctionCall, id=texts, name=texts, arguments=texts)
+results = st.builds(FunctionExecutionResult, content=texts, name=texts, call_id=texts,
+                    is_error=st.one_of(st.none(), st.booleans()))
+llm_messages = st.one_of(
+    st.builds(SystemMessage, content=texts),
+    st.builds(UserMessage, content=st.one_of(texts, st.lists(st.one_of(texts, st.integers(0, 3).map(image)),
+                                                            max_size=3)), source=texts),
+    st.builds(AssistantMessage, content=st.one_of(texts, st.lists(calls, max_size=3)),
+              thought=st.one_of(st.none(), texts), source=texts),
+    st.builds(FunctionExecutionResultMessage, content=st.lists(results, max_size=3)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(llm_messages, max_size=12))
+def test_any_sequence_maps_back_exactly(messages: list[LLMMessage]) -> None:
+    """from_stored(to_stored(...)) is the identity on any sequence of AutoGen messages."""
+    stored = [m for message in messages for m in to_stored(message)]
+    assert dump(from_stored(stored)) == dump(messages)

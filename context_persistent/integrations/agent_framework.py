@@ -8,9 +8,9 @@ first use and held (with its writer lock) until :meth:`PersistentHistoryProvider
 
 Messages are stored losslessly: each is kept as its ``Message.to_dict()`` (every content type: text, reasoning,
 function calls and results, approvals, hosted tool calls, data and URIs, annotations, ``additional_properties``,
-NaN, infinities and integers beyond 64 bits included) under the stored message's ``"agent_framework"`` key, next to a ``role`` and the
-message's text as ``content`` for the store's own views and tools (``context-persistent show``). Only
-``raw_representation``, which ``to_dict`` leaves out, is not kept.
+NaN, infinities and integers beyond 64 bits included) under the stored message's ``"agent_framework"`` key,
+next to a ``role`` and the message's text as ``content`` for the store's own views and tools
+(``context-persistent show``). Only ``raw_representation``, which ``to_dict`` leaves out, is not kept.
 
 Compaction, as Agent Framework designs it (annotations on the messages, never a deletion):
 
@@ -207,6 +207,8 @@ class PersistentHistoryProvider(HistoryProvider):
         stores, self._stores = list(self._stores.values()), {}
         for store in stores:
             await store.close()
+
+    close = aclose
 
     async def __aenter__(self) -> "PersistentHistoryProvider":
         return self
