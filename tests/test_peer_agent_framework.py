@@ -55,7 +55,7 @@ DESELECTED: list[tuple[list[str], str]] = [
      "registry and run-persistence gate: no history store is constructed"),
     (["test_sessions.py::TestHistoryProviderBase"],
      "the HistoryProvider base class, through a test double defined in the file (ConcreteHistoryProvider); our "
-     "provider inherits that base's before_run/after_run unchanged"),
+     "provider inherits that base's before_run and after_run (after_run only adds the optional compaction)"),
     (["test_sessions.py::TestSessionStore", "test_sessions.py::TestFileSessionStore"],
      "SessionStore / FileSessionStore persist AgentSession objects (session state), not chat history"),
     (["test_sessions.py::TestInMemoryHistoryProvider::test_state_is_serializable"],
