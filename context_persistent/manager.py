@@ -488,6 +488,24 @@ class PersistentContextManager:
         await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
                            b'{"messages":%s}' % payload)
 
+    async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the history with ``messages`` as one ``messages_replaced`` event, whatever was loaded.
+
+        Unlike ``set_messages`` this is not subject to the resume rule: it is the explicit "the history is now
+        this list" of a framework adapter (a storage compaction, a ``load_state``). The log keeps every earlier
+        event, so the history before the replacement stays readable with ``at(seq)``.
+        """
+        self._check_writable()
+        parts = ev.validate_messages(messages)
+        if len(parts) >= MAX_BATCH:
+            raise ValueError(f"replace_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        if self._replay is not None and self._replay.held:
+            await self._write_held()
+        self._replay = None
+        payload = b"[" + b",".join(parts) + b"]"
+        await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
+                           b'{"messages":%s}' % payload)
+
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart; the log keeps every earlier record).
 
