@@ -494,6 +494,11 @@ class PersistentContextManager:
         Unlike ``set_messages`` this is not subject to the resume rule: it is the explicit "the history is now
         this list" of a framework adapter (a storage compaction, a ``load_state``). The log keeps every earlier
         event, so the history before the replacement stays readable with ``at(seq)``.
+
+        Raises ValueError if a message is invalid or there are too many for one event (nothing is stored);
+        StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL
+        when the server fails.
         """
         self._check_writable()
         parts = ev.validate_messages(messages)
