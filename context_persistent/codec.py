@@ -52,6 +52,41 @@ def dumps(value: Any) -> bytes:
     return out
 
 
+#: The deepest nesting ``orjson.dumps`` accepts: 254 containers (255 raises "Recursion limit reached").
+ORJSON_MAX_DEPTH = 254
+#: The deepest the store ever wraps a message when it serialises it: two containers (a checkpoint's
+#: ``{"messages": [...]}`` sections, a JSON export's ``{"header", "messages": [...]}``, a record printed as
+#: JSON with its ``data``).
+WRAP_DEPTH = 2
+#: The deepest message (containers, the message dict itself counting as one) the store accepts: what orjson
+#: can write inside the deepest wrapping, less 12 levels of margin. A deeper message would be written to the
+#: log and then fail every checkpoint and JSON export, so it is refused up front with a ValueError.
+MAX_DEPTH = ORJSON_MAX_DEPTH - WRAP_DEPTH - 12
+
+
+def depth_error(limit: int = MAX_DEPTH) -> str:
+    return (f"nested more than {limit} levels deep (dicts and lists, the message itself counting as one); the "
+            f"store accepts at most {limit}, so that every checkpoint and export can carry it")
+
+
+def check_depth(value: Any, encoded: bytes, limit: int = MAX_DEPTH) -> None:
+    """Raise ValueError if ``value`` nests more than ``limit`` containers (dicts and lists).
+
+    ``encoded`` is its JSON: each container opens with a bracket, so JSON with fewer brackets than ``limit``
+    cannot be too deep and costs two byte counts (the hot path); only the rest is walked.
+    """
+    if encoded.count(b"[") + encoded.count(b"{") <= limit:
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is dict or t is list:
+            if depth > limit:
+                raise ValueError(depth_error(limit))
+            stack.extend((x, depth + 1) for x in (v.values() if t is dict else v))
+
+
 def _has_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)

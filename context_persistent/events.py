@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-from .codec import dumps
+from .codec import check_depth, depth_error, dumps
 
 SESSION_STARTED: Final = "session_started"
 MESSAGE_ADDED: Final = "message_added"
@@ -40,9 +40,13 @@ def validate_message(message: Any, where: str = "message") -> bytes:
             raise ValueError(f"{where} has no 'role' key; allowed roles: {', '.join(ROLES)}")
         raise ValueError(f"{where} has unknown role {role!r}; allowed roles: {', '.join(ROLES)}")
     try:
-        return dumps(message)
+        encoded = dumps(message)
+        check_depth(message, encoded)
     except ValueError as e:
+        if "Recursion limit" in str(e):  # (orjson's own limit, deeper still)
+            e = ValueError(depth_error())
         raise ValueError(f"{where} is {e}") from None
+    return encoded
 
 
 def validate_messages(messages: Any) -> list[bytes]:

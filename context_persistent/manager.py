@@ -393,8 +393,13 @@ class PersistentContextManager:
             self._flush_task = None
 
     def _after_append(self) -> None:
-        """Periodic work after appends: a checkpoint every ``checkpoint_every`` events (in the background)."""
-        self._checkpoints.maybe_write(self._state, self._log, self._tokenizer_name)
+        """Periodic work after appends: a checkpoint every ``checkpoint_every`` events (in the background).
+
+        The records are durable by now: nothing here may fail the append (or kill a batch's flush task)."""
+        try:
+            self._checkpoints.maybe_write(self._state, self._log, self._tokenizer_name)
+        except Exception as e:
+            logger.warning("session %s: work after an append failed (%s); the records are stored", self.session_id, e)
 
     async def add_message(self, message: dict[str, Any]) -> None:
         """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid.
@@ -774,7 +779,7 @@ class PersistentContextManager:
                     "before_messages", "after_messages", "groups_dropped", "outputs_masked", "truncated", "warning",
                     *(("before_tokens_exact", "window") if "window" in self.last_compaction else ()))},
             "checkpoint": {"loaded_seq": self._checkpoints.loaded_seq, "seq": self._checkpoints.seq,
-                           "ignored": self._checkpoints.ignored},
+                           "ignored": self._checkpoints.ignored, "error": self._checkpoints.error},
         }
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) --------------------
