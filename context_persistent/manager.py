@@ -141,6 +141,8 @@ class PersistentContextManager:
         self.hooks = hooks
         self.config = config
         self._log = log
+        #: The ``prev`` of the session's first record (codec.root_crc); later records name their predecessor.
+        self._root = codec.root_crc(session_id)
         self._state = Projection()
         self._counter = TokenCounter(config["tokenizer"])
         self._fsync = config["fsync"]
@@ -338,7 +340,8 @@ class PersistentContextManager:
             # The file backend's append does not suspend here, so no other commit can interleave.
             seq = self._state.head_seq + 1
             ts = codec.now_iso()
-            await self._log.append((codec.encode(seq, type_, data_json, ts),), seq)
+            log = self._log
+            await log.append((codec.encode(seq, type_, data_json, ts, log.last_crc or self._root),), seq)
             self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
@@ -373,8 +376,12 @@ class PersistentContextManager:
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
                 try:
                     encode = codec.encode
-                    lines = [encode(seq, type_, data_json, ts)
-                             for seq, (type_, _, data_json, _) in enumerate(batch, first)]
+                    prev = self._log.last_crc or self._root
+                    lines = []
+                    for seq, (type_, _, data_json, _) in enumerate(batch, first):
+                        line = encode(seq, type_, data_json, ts, prev)
+                        lines.append(line)
+                        prev = line[-11:-3]  # (codec.crc_of: each record names the one before it)
                     await self._log.append(lines, first)
                 except Exception as e:  # nothing of this group was applied: each of its callers gets the error
                     for *_, fut in batch:

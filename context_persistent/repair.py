@@ -37,7 +37,7 @@ from . import codec
 from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
-from .log import FileLock, data_size
+from .log import FileLock, crash_leaves, data_size
 from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
 from .projection import Projection
 
@@ -62,7 +62,7 @@ class Problem:
 
     def describe(self) -> str:
         what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
-                "unloadable": "unloadable record"}[self.kind]
+                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log"}[self.kind]
         return f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
 
 
@@ -140,8 +140,11 @@ class _Walk:
 
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, session_id: str = "") -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.root = codec.root_crc(session_id).decode()
+        self.last_crc: str | None = None  # of the last kept record: the next one must name it (prev)
+        self.chained = False
         self.progress = progress
         self.state = Projection() if fold else None
         self.records = 0
@@ -152,6 +155,7 @@ class _Walk:
         self._pending: list[tuple[Problem, bytes]] = []  # bad pieces no valid record has followed yet
         self.gaps: list[Gap] = []
         self.explained: set[tuple[int, int]] = set()
+        self.session_problem: str | None = None
 
     def run(self) -> "_Walk":
         progress = self.progress
@@ -177,14 +181,46 @@ class _Walk:
             first = self._pending[0][0]
             raw = b"".join(r for _, r in self._pending)
             torn = Problem("torn", first.line, first.offset, len(raw), first.reason)
+            if not crash_leaves(self._pending[0][1]):  # a complete line: corruption (log.crash_leaves)
+                torn = Problem("corrupt", first.line, first.offset, len(raw),
+                               f"{first.reason}; it is the last record, but complete (newline-terminated, no "
+                               "NUL bytes), which no crash leaves behind: it was changed after it was written")
             self.problems.append(torn)
             self.bad.append((torn, raw))
         for gap in self.gaps:
             gap.explained = (gap.after_seq, gap.next_seq) in self.explained
+        if self.session_problem is not None:
+            self.problems.append(Problem("session", 1, 0, 0, self.session_problem, self.first_seq))
         return self
 
     def _bad(self, n: int, offset: int, raw: bytes, reason: str) -> None:
         self._pending.append((Problem("corrupt", n, offset, len(raw), reason), raw))
+
+    def _link(self, rec: dict[str, Any], seq: int) -> str | None:
+        """Why ``rec`` breaks the chain (codec.Links) after the last kept record, else None (it is then the
+        last). A break right after a seq gap is the gap's (records are missing there: reported as a gap, and a
+        repair records it); a break at the log's first record means the log names another session id
+        (reported, never fixed: see ``session_problem``)."""
+        prev = rec.get("prev")
+        if prev is None:
+            broken = self.chained
+        else:
+            broken = prev != (self.last_crc if self.records else self.root)
+            self.chained = True
+        if broken and self.records == 0:
+            self.session_problem = (f"record seq {seq} names {prev} as its predecessor instead of this session's "
+                                    f"root {self.root}: the log was written for another session id (a renamed "
+                                    "or copied session folder?); give the folder its original name")
+            broken = False
+        gap = self.records > 0 and seq > self.last_seq + 1
+        if broken and not gap:
+            if prev is None:
+                return f"record seq {seq} is an unchained (version 1) record after chained ones: not appended to this log"
+            return (f"record seq {seq} names crc {prev} as its predecessor, but the record before it (seq "
+                    f"{self.last_seq}) has crc {self.last_crc}: it was not appended after it (a record from "
+                    "another log, or a copy)")
+        self.last_crc = rec.get("crc")
+        return None
 
     def _flush_pending(self) -> None:
         for problem, raw in self._pending:
@@ -197,6 +233,12 @@ class _Walk:
         seq = rec["seq"]
         if seq <= self.last_seq:
             problem = Problem("seq", n, offset, len(raw), f"seq {seq} does not follow seq {self.last_seq}", seq)
+            self.problems.append(problem)
+            self.bad.append((problem, raw))
+            return
+        link = self._link(rec, seq)
+        if link is not None:  # a valid record that was not appended after the one before it: not this log's
+            problem = Problem("link", n, offset, len(raw), link, seq)
             self.problems.append(problem)
             self.bad.append((problem, raw))
             return
@@ -322,7 +364,7 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     path = _log_path(directory, session_id)
     size = data_size(path)  # a writer may append meanwhile: we check what was there when we started
     status, on_record, finish = _check_checkpoint(directory, session_id)
-    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress).run()
+    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id).run()
     finish(walk)
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
@@ -408,10 +450,11 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
     try:
-        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress).run()
+        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
+                     session_id=session_id).run()
         finish(walk)
         fixable = [p for p, _ in walk.bad]
-        unfixable = [p for p in walk.problems if p.kind == "unloadable"]
+        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session")]
         if not fixable and all(g.explained for g in walk.gaps):
             out.abandon()
             removed = status["status"] == "ignored"
@@ -427,7 +470,7 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
                 "gaps": [[g.after_seq, g.next_seq] for g in walk.gaps],
                 "pieces": [{"kind": p.kind, "line": p.line, "offset": p.offset, "length": p.length,
                             "reason": p.reason} for p in fixable[:_MAX_LISTED]],
-            }))
+            }, prev=(walk.last_crc or walk.root).encode()))
             for g in walk.gaps:
                 g.explained = True
         qpath = _write_quarantine(directory, path, size, walk.bad) if walk.bad else None

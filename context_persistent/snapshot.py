@@ -204,16 +204,16 @@ def session_lines(session_id: str, started: dict[str, Any], messages: list[dict[
     ts = codec.now_iso()
     data = {"format": codec.FORMAT_VERSION, "tokenizer": DEFAULT_ENCODING, "program": PROGRAM,
             "session_id": session_id, **started}
-    lines = [codec.encode_event(1, ev.SESSION_STARTED, data, ts)]
+    lines = [codec.encode_event(1, ev.SESSION_STARTED, data, ts, codec.root_crc(session_id))]
     for i, m in enumerate(messages):
         body = b'{"message":%s' % ev.validate_message(m, f"message {i + 1}")
         if stamps and stamps[i] is not None:
             body += b',"source_timestamp":%s' % orjson.dumps(stamps[i])
-        lines.append(codec.encode(i + 2, ev.MESSAGE_ADDED, body + b"}", ts))
+        lines.append(codec.encode(i + 2, ev.MESSAGE_ADDED, body + b"}", ts, codec.crc_of(lines[-1])))
     for seq, i in enumerate(sorted(set(pins)), len(lines) + 1):
         msg_seq = i + 2
         lines.append(codec.encode_event(seq, ev.PINNED, {"key": make_key(msg_seq), "seq": msg_seq, "index": 0},
-                                        ts))
+                                        ts, codec.crc_of(lines[-1])))
     return lines
 
 
