@@ -78,10 +78,11 @@ def depth_error(limit: int = MAX_DEPTH) -> str:
 def check_depth(value: Any, encoded: bytes, limit: int = MAX_DEPTH) -> None:
     """Raise ValueError if ``value`` nests more than ``limit`` containers (dicts and lists).
 
-    ``encoded`` is its JSON: each container opens with a bracket, so JSON with fewer brackets than ``limit``
-    cannot be too deep and costs two byte counts (the hot path); only the rest is walked.
+    ``encoded`` is its JSON: each container opens and closes with a bracket, so JSON shorter than ``2 * limit``
+    bytes, or with fewer opening brackets than ``limit``, cannot be too deep (the hot path: a length check for
+    most messages, two byte counts for long ones); only the rest is walked.
     """
-    if encoded.count(b"[") + encoded.count(b"{") <= limit:
+    if len(encoded) <= 2 * limit or encoded.count(b"[") + encoded.count(b"{") <= limit:
         return
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:

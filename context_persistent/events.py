@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-from .codec import check_depth, depth_error, dumps
+from .codec import MAX_DEPTH, check_depth, depth_error, dumps
 
 SESSION_STARTED: Final = "session_started"
 MESSAGE_ADDED: Final = "message_added"
@@ -26,6 +26,8 @@ EVENT_TYPES: Final = frozenset(
 #: Audit events: recorded for operators, they change no view.
 AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED})
 
+_SHALLOW: Final = 2 * MAX_DEPTH
+
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 _ROLE_SET: Final = frozenset(ROLES)
 
@@ -41,7 +43,8 @@ def validate_message(message: Any, where: str = "message") -> bytes:
         raise ValueError(f"{where} has unknown role {role!r}; allowed roles: {', '.join(ROLES)}")
     try:
         encoded = dumps(message)
-        check_depth(message, encoded)
+        if len(encoded) > _SHALLOW:  # (shorter JSON cannot nest MAX_DEPTH containers: no call on the hot path)
+            check_depth(message, encoded)
     except ValueError as e:
         if "Recursion limit" in str(e):  # (orjson's own limit, deeper still)
             e = ValueError(depth_error())
