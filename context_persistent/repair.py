@@ -40,6 +40,7 @@ from .errors import SessionNotFoundError
 from .log import FileLock, crash_leaves, data_size
 from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
 from .projection import Projection
+from .semantic import Finding, check as semantic_check
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
 REPAIRED = ev.LOG_REPAIRED
@@ -90,10 +91,13 @@ class Report:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     side_files: list[str] = field(default_factory=list)
     writer_pid: int | None = None
+    #: Semantic findings on the history the log folds into (semantic.py): tool-call pairing and order.
+    semantic: list[Finding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(g.explained for g in self.gaps) and self.checkpoint.get("ok", True)
+        return (not self.problems and all(g.explained for g in self.gaps) and self.checkpoint.get("ok", True)
+                and not any(f.problem for f in self.semantic))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -366,9 +370,13 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     status, on_record, finish = _check_checkpoint(directory, session_id)
     walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id).run()
     finish(walk)
+    pid = writer_pid(directory)
+    findings: list[Finding] = []
+    if walk.state is not None:  # (the history as far as it could be folded)
+        findings = semantic_check(walk.state.messages, walk.state.keys, writer_active=pid is not None)
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
-                  checkpoint=status, side_files=side_files(directory), writer_pid=writer_pid(directory))
+                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings)
 
 
 # -- repair ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ session folder and rebuilds the log atomically. See docs/operations.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 
 from ..paths import session_dir
 from ..repair import Report, RepairResult, repair, verify
+from ..semantic import SemanticRepair, repair_semantic
 from . import EXIT_OK, EXIT_PROBLEM, UsageError, storage_of
 from .transfer import Progress
 
@@ -55,6 +57,8 @@ def format_report(r: Report) -> str:
                      "repair removes it)")
     for name in r.side_files:
         lines.append(f"  side file: {name}")
+    for f in r.semantic:  # tool-call pairing and order of the history (semantic.py)
+        lines.append(f"  {'PROBLEM' if f.problem else 'note:'} {f.describe()}")
     if r.ok:
         lines.append("verdict: clean")
     else:
@@ -106,9 +110,39 @@ def run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
+def format_semantic(r: SemanticRepair) -> str:
+    if not r.changed and not r.left:
+        return f"session {r.session_id}: tool calls and results are paired; nothing to record"
+    lines = [f"session {r.session_id}: recorded semantic fixes as events (no record was edited)"]
+    for p in r.placeholders:
+        lines.append(f"  placeholder result for {', '.join(_ids(p['message']))} added as seq {p['seq']}")
+    for d in r.redacted:
+        lines.append(f"  orphaned result {', '.join(d['call_ids'])} (seq {d['seq']}) hidden by a redaction")
+    for f in r.left:
+        lines.append(f"  NOT FIXED {f.describe()} (the message holds other content; request views leave the "
+                     "orphaned blocks out)")
+    if r.audit_seq:
+        lines.append(f"  recorded what was done as event seq {r.audit_seq} (semantic_repaired)")
+    return "\n".join(lines)
+
+
+def _ids(message: dict[str, Any]) -> list[str]:
+    from ..semantic import _answered_ids
+
+    return _answered_ids(message)
+
+
 def run_repair(args: argparse.Namespace) -> int:
     result = _run(args, "repair", repair, format_repair)
-    return EXIT_PROBLEM if result.unfixable else EXIT_OK
+    if result.unfixable:
+        return EXIT_PROBLEM
+    if getattr(args, "semantic", False):
+        fixed = asyncio.run(repair_semantic(storage_of(args), args.session))
+        if args.json:
+            _print_json(fixed.to_dict())
+        else:
+            print(format_semantic(fixed))
+    return EXIT_OK
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -116,8 +150,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "verify", parents=[common], formatter_class=fmt,
         help="check every record of a session; exit 0 clean, 1 with a report",
-        description="Check every record of a session's log (checksums, seq order, torn tail, gaps) and its "
-                    "checkpoint. Never takes the lock: safe while an agent writes.",
+        description="Check every record of a session's log (checksums, seq order, the chain binding each record "
+                    "to its predecessor and session, torn tail, gaps), its checkpoint, and the history it holds "
+                    "(tool calls paired with their results, in order). Never takes the lock: safe while an agent "
+                    "writes.",
         epilog="examples:\n  context-persistent verify my-session\n  context-persistent verify my-session --json\n"
                "exit codes: 0 clean, 1 problems found (report printed), 2 usage error\n",
     )
@@ -129,9 +165,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Rebuild a session's log atomically: every valid record is kept byte for byte, every bad "
                     "byte goes to events.jsonl.quarantine-* in the session folder, seq gaps are left and "
                     "recorded. Takes the writer lock: refuses while a store has the session open.",
-        epilog="examples:\n  context-persistent repair my-session\n"
+        epilog="examples:\n  context-persistent repair my-session\n  context-persistent repair --semantic my-session\n"
                "  context-persistent verify my-session || context-persistent repair my-session\n"
                "exit codes: 0 repaired or nothing to do, 1 refused (session locked) or not everything fixable\n",
     )
     p.add_argument("session", help="session id")
+    p.add_argument("--semantic", action="store_true",
+                   help="also record fixes for unpaired tool calls and results as events: a placeholder result "
+                        "for each unanswered call, a redaction for each message of orphaned results")
     p.set_defaults(func=run_repair)
