@@ -105,18 +105,18 @@ def check(messages: list[dict[str, Any]], keys: Any = None, writer_active: bool 
             continue
         results, other = _result_keys(m)
         for key in results:
-            call = open_calls.pop(key, None)
+            made = open_calls.pop(key, None)
             shown = key.removeprefix("function:")
-            if call is None:
+            if made is None:
                 why = (f"its call was answered already (at seq {answered[key]})" if key in answered
                        else "no call with this id comes before it")
                 out.append(Finding("orphan_result", seq, i, shown, None, why))
                 continue
             answered[key] = seq
-            if call.separated:
-                out.append(Finding("late_result", seq, i, shown, call.name,
-                                   f"other messages come between it and its call at seq {call.seq}; request "
-                                   "views move it next to the call", problem=False, call_seq=call.seq))
+            if made.separated:
+                out.append(Finding("late_result", seq, i, shown, made.name,
+                                   f"other messages come between it and its call at seq {made.seq}; request "
+                                   "views move it next to the call", problem=False, call_seq=made.seq))
         if other:
             if m.get("role") == "assistant" and m.get("tool_calls") == []:
                 out.append(Finding("empty_tool_calls", seq, i, "", None, "providers reject an empty tool_calls "
