@@ -5,10 +5,15 @@ Both walk the whole log the way open does, but never stop at the first problem. 
 * ``corrupt``: bytes that are not a valid record, with a valid record after them (open refuses the log);
 * ``torn``: bytes after the last valid record (a write cut short; open cuts them to a side file);
 * ``seq``: a valid record whose seq does not exceed the one before it (open refuses the log);
+* ``link``: a valid record that does not name the record kept before it (``prev``, codec.Links) with no seq
+  gap there: another log's record (open refuses the log; repair quarantines it). A break right after a gap is
+  the gap's, and repair records the gap;
+* ``session`` (never fixed): the first record names another session id's root (a renamed or copied folder);
 * ``unloadable`` (verify only): a valid record this program cannot fold into its state;
 * seq gaps: a seq that skips numbers. Repair leaves gaps (see below), and records them in a
   ``log_repaired`` event; gaps listed there are "explained", any other gap is a problem;
-* the checkpoint: missing (fine), valid, or why open would ignore it.
+* the checkpoint: missing (fine), valid, or why open would ignore it;
+* (verify) the semantic findings on the history (semantic.py): unpaired tool calls and results.
 
 A newline lost or flipped by a bad bit merges records into one line: every complete record inside such a
 line is still found and kept (codec.split_records).
