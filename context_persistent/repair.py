@@ -154,6 +154,7 @@ class _Walk:
         self.root = codec.root_crc(session_id).decode()
         self.last_crc: str | None = None  # of the last kept record: the next one must name it (prev)
         self.chained = False
+        self.foreign: set[Any] = set()  # crcs of the records quarantined as foreign
         self.progress = progress
         self.state = Projection() if fold else None
         self.records = 0
@@ -217,12 +218,19 @@ class _Walk:
             broken = prev != (self.last_crc if self.records else self.root)
             self.chained = True
         if broken and self.records == 0:
-            self.session_problem = (f"record seq {seq} names {prev} as its predecessor instead of this session's "
-                                    f"root {self.root}: the log was written for another session id (a renamed "
-                                    "or copied session folder?); give the folder its original name")
+            if seq > 1:  # the log's first records are missing: a gap from seq 0 (reported, recorded by repair)
+                self.gaps.append(Gap(0, seq))
+            else:
+                self.session_problem = (f"record seq {seq} names {prev} as its predecessor instead of this "
+                                        f"session's root {self.root}: the log was written for another session "
+                                        "id (a renamed or copied session folder?); give the folder its original "
+                                        "name")
             broken = False
         gap = self.records > 0 and seq > self.last_seq + 1
+        if broken and prev in self.foreign:  # it chains onto a foreign record: foreign too (a spliced run)
+            gap = False
         if broken and not gap:
+            self.foreign.add(rec.get("crc"))
             if prev is None:
                 return f"record seq {seq} is an unchained (version 1) record after chained ones: not appended to this log"
             return (f"record seq {seq} names crc {prev} as its predecessor, but the record before it (seq "
@@ -468,7 +476,8 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
         finish(walk)
         fixable = [p for p, _ in walk.bad]
         unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session")]
-        if not fixable and all(g.explained for g in walk.gaps):
+        # A log of another session id is never rebuilt: its records are not ours to keep or quarantine.
+        if (not fixable and all(g.explained for g in walk.gaps)) or any(p.kind == "session" for p in unfixable):
             out.abandon()
             removed = status["status"] == "ignored"
             if removed:

@@ -109,6 +109,15 @@ def test_splices_reorders_deletions_and_foreign_records_are_always_detected(
     report = verify(storage / "a", "a")
     assert not report.ok, (kind, i, j)
     assert log.read_bytes() == b"".join(damaged)  # nothing was changed by looking
+    # repair keeps what is ours, quarantines the rest and records the gaps: the log then opens and verifies
+    result = repair(storage / "a", "a")
+    if result.unfixable:  # only when the first record is another session's: then nothing is changed
+        assert [p.kind for p in result.unfixable] == ["session"] and damaged[0] == b[0] and not result.changed
+        assert log.read_bytes() == b"".join(damaged)
+        return
+    messages = asyncio.run(_opens(storage))
+    assert all(m["content"].startswith("a ") for m in messages)  # nothing of session "b" is loaded
+    assert verify(storage / "a", "a").ok
 
 
 async def test_a_foreign_record_appended_is_refused_and_repair_quarantines_it(
