@@ -222,8 +222,12 @@ class Links:
                            "log (records from an older log spliced in)")
         else:
             if last is None and prev != self.root:
-                problem = (f"names {prev} as its predecessor instead of this session's root {self.root}: it "
-                           "belongs to a log of another session id")
+                if rec.get("seq", 1) > 1:
+                    problem = (f"is the log's first record but names crc {prev} as its predecessor: the records "
+                               "before it are missing")
+                else:
+                    problem = (f"names {prev} as its predecessor instead of this session's root {self.root}: it "
+                               "belongs to a log of another session id")
             elif last is not None and prev != last:
                 problem = (f"names crc {prev} as its predecessor, but the record before it has crc {last}: it "
                            "was not appended after that record (a record from another log, or records removed "

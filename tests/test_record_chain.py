@@ -248,3 +248,18 @@ async def test_postgres_refuses_a_row_holding_another_sessions_record(pg_config:
     await execute(dsn, f"DELETE FROM {schema}.checkpoints WHERE session_id = $1", sid)
     with pytest.raises(RecordCorruptedError, match="record seq 5 names crc"):
         await PersistentContextManager.open(storage_path="unused", session_id=sid, **pg_config)
+
+
+async def test_missing_first_records_are_a_gap_from_zero_that_repair_records(
+        logs: tuple[list[bytes], list[bytes], Path], tmp_path: Path) -> None:
+    a, _, _ = logs
+    (tmp_path / "a").mkdir(mode=0o700)
+    (tmp_path / "a" / LOG_NAME).write_bytes(b"".join(a[2:]))
+    with pytest.raises(LogCorruptedError, match="record seq 3 is the log's first record .* records before it are missing"):
+        await _opens(tmp_path)
+    report = verify(tmp_path / "a", "a")
+    assert [(g.after_seq, g.next_seq, g.explained) for g in report.gaps] == [(0, 3, False)] and not report.ok
+    result = repair(tmp_path / "a", "a")
+    assert result.changed and not result.unfixable
+    assert [m["content"] for m in await _opens(tmp_path)] == [f"a {i}" for i in range(1, N)]
+    assert verify(tmp_path / "a", "a").ok
