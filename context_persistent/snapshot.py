@@ -146,7 +146,12 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
         header["parent"] = state.session["parent"]
     if token_budget is not None:
         header["token_budget"] = token_budget
-    chunks = list(sc.encode_snapshot(header, messages, format))
+    try:
+        chunks = list(sc.encode_snapshot(header, messages, format))
+    except orjson.JSONEncodeError as e:  # (only a message stored before the depth limit existed gets here)
+        raise ValueError(f"cannot export session {store.session_id!r} as {format}: {e}: a message is nested "
+                         f"deeper than the store accepts today ({codec.MAX_DEPTH} levels, docs/format.md); "
+                         "format 'jsonl' writes each message on its own and can carry it") from None
     await write_atomic(Path(path), chunks, progress)
     return header
 

@@ -100,5 +100,9 @@ async def test_a_checkpoint_that_cannot_be_written_never_fails_an_append_or_clos
     assert len(attempts) == 4  # at seq 3, 5, 7, 9: retried every 2 events, not on every append
     await s.close()  # must not raise
     async with await PersistentContextManager.open(storage_path=storage, session_id="d", readonly=True) as r:
+        with pytest.raises(ValueError, match="cannot export session 'd' as json: .*format 'jsonl'"):
+            await r.export(storage / "x.json", format="json")
+        await r.export(storage / "x.jsonl", format="jsonl")
+    async with await PersistentContextManager.open(storage_path=storage, session_id="d", readonly=True) as r:
         msgs = await r.get_messages()
     assert msgs[0] == too_deep and [m["content"] for m in msgs[1:]] == [f"m{i}" for i in range(7)]
