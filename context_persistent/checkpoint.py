@@ -660,6 +660,10 @@ class Checkpointer:
         self.ignored: str | None = None
         self.first_crc: str | None = None
         self.counted = 0  # messages with a token count in the stored checkpoint
+        #: Why the last checkpoint attempt failed (None once one succeeds): stats() shows it. A failed attempt
+        #: is retried after another ``every`` events (``_failed_seq``), never on every append.
+        self.error: str | None = None
+        self._failed_seq = 0
         self._task: asyncio.Future[None] | None = None
         #: Set by the manager: ``() -> (keep_head, recent_tokens)`` for the front section; None: no front
         #: section is written (every open then loads the whole state).
@@ -854,9 +858,21 @@ class Checkpointer:
     def maybe_write(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         """After an append: start a background write if ``every`` events are not covered and none is running."""
         if (self._task is not None or not self.writable or self.store is None
-                or state.head_seq - self.seq < self.every):
+                or state.head_seq - max(self.seq, self._failed_seq) < self.every):
             return
-        self._task = asyncio.ensure_future(self._write(self._prepare(state, log, tokenizer), log))
+        try:
+            prep = self._prepare(state, log, tokenizer)
+        except Exception as e:  # the record is durable: a cache that cannot be written must not fail its append
+            self._failed(state.head_seq, e)
+            return
+        self._task = asyncio.ensure_future(self._write(prep, log))
+
+    def _failed(self, seq: int, error: Exception) -> None:
+        self.error = f"seq {seq}: {type(error).__name__}: {error}"
+        self._failed_seq = seq
+        logger.warning("session %s: could not write a checkpoint at seq %d (%s); the log is unaffected, the next "
+                       "open replays more of it, and another attempt follows after %d more events",
+                       self.session_id, seq, error, self.every)
 
     async def close(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         """Wait for a write in flight, then write a final checkpoint if enough events (or token counts) are
@@ -872,6 +888,12 @@ class Checkpointer:
             await asyncio.shield(self._task)
         if not self.writable or self.store is None or state.head_seq == 0:
             return
+        try:
+            await self._close_write(state, log, tokenizer)
+        except Exception as e:  # a cache: closing the log must not fail for it
+            self._failed(state.head_seq, e)
+
+    async def _close_write(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> None:
         enough = min(self.every, CLOSE_MIN_EVENTS)
         grown = log.position - self.position if isinstance(log.position, int) else 0
         if state.is_lazy:
@@ -976,7 +998,8 @@ class Checkpointer:
             logger.debug("session %s: checkpoint written at seq %d (%d bytes%s)", self.session_id, seq, size,
                          "" if prep.base is None else f", state section of seq {prep.base['seq']} copied")
         except Exception as e:  # a checkpoint is a cache: never let it break the store
-            logger.warning("session %s: could not write a checkpoint at seq %d (%s); the log is unaffected "
-                           "and the next open replays more of it", self.session_id, seq, e)
+            self._failed(seq, e)
+        else:
+            self.error = None
         finally:
             self._task = None

@@ -1,9 +1,15 @@
 """Record framing: one self-checking JSON line per event (pure).
 
-A record is the orjson encoding of ``{"v", "seq", "ts", "type", "data"}`` with a CRC-32 of those bytes
-appended as a last key: ``{"v":1,"seq":7,"ts":"…","type":"message_added","data":{…},"crc":"89abcdef"}``.
+A record is the orjson encoding of ``{"v", "seq", "prev", "ts", "type", "data"}`` with a CRC-32 of those
+bytes appended as a last key:
+``{"v":2,"seq":7,"prev":"01234567","ts":"…","type":"message_added","data":{…},"crc":"89abcdef"}``.
 The checksum covers every byte of the record before ``,"crc"`` plus the closing brace, so it is verified
 without re-serialising anything: take the line, cut the fixed-size tail, CRC the rest.
+
+``prev`` binds the record to its log: it is the ``crc`` of the record before it, and for a session's first
+record the CRC-32 of its session id (:func:`root_crc`). A record spliced in from another log, or records
+removed or reordered, break that chain (:class:`Links`); version 1 records (no ``prev``) are upcast with
+``prev: None`` and are not checked, up to the first chained record.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import orjson
 
 from .errors import UnsupportedFormatError
 
-#: Major format version written into every record; a reader refuses a newer one.
-FORMAT_VERSION = 1
+#: Major format version written into every record; a reader refuses a newer one. Version 2 added ``prev``.
+FORMAT_VERSION = 2
 
 _CRC_KEY = b',"crc":"'
 #: How every record starts; orjson escapes quotes inside strings, so this never occurs inside a record.
@@ -52,6 +58,42 @@ def dumps(value: Any) -> bytes:
     return out
 
 
+#: The deepest nesting ``orjson.dumps`` accepts: 254 containers (255 raises "Recursion limit reached").
+ORJSON_MAX_DEPTH = 254
+#: The deepest the store ever wraps a message when it serialises it: two containers (a checkpoint's
+#: ``{"messages": [...]}`` sections, a JSON export's ``{"header", "messages": [...]}``, a record printed as
+#: JSON with its ``data``).
+WRAP_DEPTH = 2
+#: The deepest message (containers, the message dict itself counting as one) the store accepts: what orjson
+#: can write inside the deepest wrapping, less 12 levels of margin. A deeper message would be written to the
+#: log and then fail every checkpoint and JSON export, so it is refused up front with a ValueError.
+MAX_DEPTH = ORJSON_MAX_DEPTH - WRAP_DEPTH - 12
+
+
+def depth_error(limit: int = MAX_DEPTH) -> str:
+    return (f"nested more than {limit} levels deep (dicts and lists, the message itself counting as one); the "
+            f"store accepts at most {limit}, so that every checkpoint and export can carry it")
+
+
+def check_depth(value: Any, encoded: bytes, limit: int = MAX_DEPTH) -> None:
+    """Raise ValueError if ``value`` nests more than ``limit`` containers (dicts and lists).
+
+    ``encoded`` is its JSON: each container opens and closes with a bracket, so JSON shorter than ``2 * limit``
+    bytes, or with fewer opening brackets than ``limit``, cannot be too deep (the hot path: a length check for
+    most messages, two byte counts for long ones); only the rest is walked.
+    """
+    if len(encoded) <= 2 * limit or encoded.count(b"[") + encoded.count(b"{") <= limit:
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is dict or t is list:
+            if depth > limit:
+                raise ValueError(depth_error(limit))
+            stack.extend((x, depth + 1) for x in (v.values() if t is dict else v))
+
+
 def _has_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
@@ -79,17 +121,39 @@ def now_iso() -> str:
     return "%s.%06d+00:00" % (text, ns // 1000)
 
 
-def encode(seq: int, type_: str, data_json: bytes, ts: str | None = None) -> bytes:
-    """One record line (with its trailing newline) from already-encoded ``data`` JSON bytes."""
-    body = b'{"v":%d,"seq":%d,"ts":"%s","type":"%s","data":%s' % (
-        FORMAT_VERSION, seq, (ts or now_iso()).encode(), type_.encode(), data_json,
+def root_crc(session_id: str) -> bytes:
+    """The ``prev`` of a session's first record: the CRC-32 of ``session:<id>`` (binds the log to its id)."""
+    return b"%08x" % zlib.crc32(b"session:" + session_id.encode())
+
+
+def crc_of(line: bytes) -> bytes:
+    """The ``crc`` of an encoded record line (with its newline): the next record's ``prev``."""
+    return line[-11:-3]
+
+
+def encode(seq: int, type_: str, data_json: bytes, ts: str | None = None, prev: bytes = b"") -> bytes:
+    """One record line (with its trailing newline) from already-encoded ``data`` JSON bytes.
+
+    ``prev``: the ``crc`` of the record before it (:func:`crc_of`), or :func:`root_crc` for seq 1."""
+    body = b'{"v":%d,"seq":%d,"prev":"%s","ts":"%s","type":"%s","data":%s' % (
+        FORMAT_VERSION, seq, prev, (ts or now_iso()).encode(), type_.encode(), data_json,
     )
     crc = zlib.crc32(b"}", zlib.crc32(body))
     return b'%s,"crc":"%08x"}\n' % (body, crc)
 
 
-def encode_event(seq: int, type_: str, data: dict[str, Any], ts: str | None = None) -> bytes:
-    return encode(seq, type_, dumps(data), ts)
+def encode_event(seq: int, type_: str, data: dict[str, Any], ts: str | None = None, prev: bytes = b"") -> bytes:
+    return encode(seq, type_, dumps(data), ts, prev)
+
+
+def encode_chain(records: Any, prev: bytes) -> list[bytes]:
+    """Encode ``(seq, type, data, ts)`` tuples as consecutive records, the first one after ``prev``."""
+    out = []
+    for seq, type_, data, ts in records:
+        line = encode_event(seq, type_, data, ts, prev)
+        out.append(line)
+        prev = crc_of(line)
+    return out
 
 
 def decode(line: bytes | memoryview) -> dict[str, Any]:
@@ -115,12 +179,62 @@ def decode(line: bytes | memoryview) -> dict[str, Any]:
         raise RecordError("record lacks an integer 'seq' or a string 'type'")
     if rec.get("v") != FORMAT_VERSION:
         rec = upcast(rec)
+    elif type(rec.get("prev")) is not str:
+        raise RecordError("a version 2 record lacks its 'prev' link")
+    return rec
+
+
+def _v1_to_v2(rec: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 records were not chained: ``prev`` is None (:class:`Links` does not check them)."""
+    rec["v"] = 2
+    rec["prev"] = None
     return rec
 
 
 #: Named upcasters: ``{from_version: function(record) -> record of from_version + 1}``. Old records are
 #: upgraded as they are read, never by rewriting the file.
-UPCASTERS: dict[int, Any] = {}
+UPCASTERS: dict[int, Any] = {1: _v1_to_v2}
+
+
+class Links:
+    """Checks that each record names the one before it (``prev``), from a session's first record on.
+
+    ``last``: the crc of the record before the first one checked (None: checking from the log's start, where
+    the first record must name :func:`root_crc`). ``chained``: whether a chained (version 2) record came
+    already; after one, an unchained record is a break too (old records spliced in).
+    """
+
+    __slots__ = ("root", "last", "chained")
+
+    def __init__(self, session_id: str, last: str | None = None, chained: bool = False) -> None:
+        self.root = root_crc(session_id).decode()
+        self.last = last
+        self.chained = chained
+
+    def check(self, rec: dict[str, Any]) -> str | None:
+        """Why ``rec`` does not follow the last record checked (None: it does); then it becomes the last."""
+        prev = rec.get("prev")
+        last = self.last
+        problem = None
+        if prev is None:
+            if self.chained:
+                problem = ("is an unchained (version 1) record after chained ones: it was not appended to this "
+                           "log (records from an older log spliced in)")
+        else:
+            if last is None and prev != self.root:
+                if rec.get("seq", 1) > 1:
+                    problem = (f"is the log's first record but names crc {prev} as its predecessor: the records "
+                               "before it are missing")
+                else:
+                    problem = (f"names {prev} as its predecessor instead of this session's root {self.root}: it "
+                               "belongs to a log of another session id")
+            elif last is not None and prev != last:
+                problem = (f"names crc {prev} as its predecessor, but the record before it has crc {last}: it "
+                           "was not appended after that record (a record from another log, or records removed "
+                           "or reordered)")
+            self.chained = True
+        self.last = rec.get("crc")
+        return problem
 
 
 def upcast(rec: dict[str, Any]) -> dict[str, Any]:

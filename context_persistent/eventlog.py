@@ -21,6 +21,9 @@ class EventLog(Protocol):
     existed: bool
     #: Highest seq known to be in the log (after reading or appending).
     last_seq: int
+    #: The ``crc`` of the record at ``last_seq`` once read or appended (None for an empty log): the next
+    #: record's ``prev`` (codec.Links). A backend checks every record's ``prev`` as it reads.
+    last_crc: bytes | None
     #: Where the log lives, for messages: a Path for files, a description (DSN without password) otherwise.
     path: Any
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-from .codec import dumps
+from .codec import MAX_DEPTH, check_depth, depth_error, dumps
 
 SESSION_STARTED: Final = "session_started"
 MESSAGE_ADDED: Final = "message_added"
@@ -18,13 +18,17 @@ REDACTED: Final = "redacted"
 REPLAY_RECOGNISED: Final = "replay_recognised"
 LOG_REPAIRED: Final = "log_repaired"
 COMPACTED: Final = "compacted"
+SEMANTIC_REPAIRED: Final = "semantic_repaired"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED}
 )
 #: Audit events: recorded for operators, they change no view.
-AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED})
+AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED,
+                                  SEMANTIC_REPAIRED})
+
+_SHALLOW: Final = 2 * MAX_DEPTH
 
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 _ROLE_SET: Final = frozenset(ROLES)
@@ -40,9 +44,14 @@ def validate_message(message: Any, where: str = "message") -> bytes:
             raise ValueError(f"{where} has no 'role' key; allowed roles: {', '.join(ROLES)}")
         raise ValueError(f"{where} has unknown role {role!r}; allowed roles: {', '.join(ROLES)}")
     try:
-        return dumps(message)
+        encoded = dumps(message)
+        if len(encoded) > _SHALLOW:  # (shorter JSON cannot nest MAX_DEPTH containers: no call on the hot path)
+            check_depth(message, encoded)
     except ValueError as e:
+        if "Recursion limit" in str(e):  # (orjson's own limit, deeper still)
+            e = ValueError(depth_error())
         raise ValueError(f"{where} is {e}") from None
+    return encoded
 
 
 def validate_messages(messages: Any) -> list[bytes]:

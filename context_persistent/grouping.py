@@ -11,6 +11,8 @@ Formats understood (mixed freely within one history):
 - Anthropic: ``{"type": "tool_use", "id": ...}`` blocks in assistant ``content`` answered by
   ``{"type": "tool_result", "tool_use_id": ...}`` blocks in a following ``user`` message (Amplifier's
   ``tool_call``/``tool_result`` blocks with ``tool_call_id`` are read the same way).
+- Amplifier's own form, as its orchestrators store it: ``assistant.tool_calls[*] = {"id", "tool",
+  "arguments"}`` (often next to a ``tool_call`` block with the same id: one call) answered by ``role: tool``.
 
 Repairs (a provider rejects these whatever the budget, so they apply to every request view):
 
@@ -77,12 +79,14 @@ def tool_calls_of(message: dict[str, Any]) -> list[tuple[str, str, str]]:
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict) and isinstance(call.get("id"), str):
             fn = call.get("function")
-            name = fn.get("name") if isinstance(fn, dict) else call.get("name", call.get("tool"))
+            name = fn.get("name") if isinstance(fn, dict) else call.get("name") or call.get("tool")
             calls.append((call["id"], str(name or "?"), "openai"))
     content = message.get("content")
     if isinstance(content, list):
         for block in content:
             if isinstance(block, dict) and block.get("type") in CALL_BLOCK_TYPES and isinstance(block.get("id"), str):
+                if any(key == block["id"] for key, _, _ in calls):
+                    continue  # one call stored twice (Amplifier: a tool_call block and a tool_calls entry)
                 calls.append((block["id"], str(block.get("name") or "?"), block["type"]))
     legacy = message.get("function_call")
     if isinstance(legacy, dict) and not calls:

@@ -145,13 +145,25 @@ def _valid_record_ahead(lines: Iterator[bytes], bad_line: bytes, end: int, size:
     return False
 
 
-def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None
-         ) -> Iterator[tuple[dict[str, Any], int]]:
+def crash_leaves(line: bytes) -> bool:
+    """Whether a crash can leave ``line`` (a bad line with no valid record after it) at the end of a log.
+
+    A write cut short leaves a line without its newline, and space the file system had not written yet
+    reads as NUL bytes; a complete, newline-terminated line without NUL bytes that fails its checksum was
+    written whole and then changed (a flipped bit, an edit): corruption, not a torn tail. Applies where the
+    records before it were synced (``fsync`` ``always`` and ``batch``; docs/format.md).
+    """
+    return line[-1:] != b"\n" or line.find(b"\0") >= 0
+
+
+def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None,
+         strict_tail: bool = False) -> Iterator[tuple[dict[str, Any], int]]:
     """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
 
     Raises LogCorruptedError (naming file, line and byte offset) for a bad record that a valid record
     follows. Bad or unterminated lines with no valid record after them (a torn tail) end the scan without
-    an error; the caller compares the last end offset with the size. ``start_line`` None: unknown (it is
+    an error; the caller compares the last end offset with the size. With ``strict_tail``, a bad last line
+    that no crash can leave (:func:`crash_leaves`) is corruption too. ``start_line`` None: unknown (it is
     computed if an error needs it).
     """
     with open(path, "rb") as f:
@@ -171,6 +183,11 @@ def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: i
             except codec.RecordError as e:
                 if _valid_record_ahead(f, line, end, size):
                     raise LogCorruptedError(str(path), lineno or line_at(path, offset), offset, str(e)) from None
+                if strict_tail and not crash_leaves(line):
+                    raise LogCorruptedError(
+                        str(path), lineno or line_at(path, offset), offset,
+                        f"{e}; it is the last record, but complete (newline-terminated, no NUL bytes), which no "
+                        "crash leaves behind: it was changed after it was written") from None
                 break  # nothing valid after it: torn tail
             yield rec, end
             offset = end
@@ -196,6 +213,8 @@ class FileEventLog:
         self.fsync_mode = fsync
         self.existed = self.path.exists()
         self.last_seq = 0
+        #: The crc of the record at ``last_seq`` (the next record's ``prev``; codec.Links), once known.
+        self.last_crc: bytes | None = None
         self.torn: TornTail | None = None
         self._lock: FileLock | None = None
         self._fd = -1
@@ -258,16 +277,17 @@ class FileEventLog:
         except (codec.RecordError, ValueError):
             return None
 
-    def _checked_position(self, after_seq: int, position: int | None) -> int:
-        """``position`` if the record ending there has seq ``after_seq``; else 0 (read from the start)."""
+    def _checked_position(self, after_seq: int, position: int | None) -> tuple[int, dict[str, Any] | None]:
+        """``(position, its record)`` if the record ending there has seq ``after_seq``; else ``(0, None)``
+        (read from the start)."""
         if not position or after_seq <= 0:
-            return 0
+            return 0, None
         rec = self.record_before(position)
-        return position if rec is not None and rec["seq"] == after_seq else 0
+        return (position, rec) if rec is not None and rec["seq"] == after_seq else (0, None)
 
     async def read_batches(self, after_seq: int = 0, position: int | None = None,
                            batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
-        start = self._checked_position(after_seq, position)
+        start, anchor = self._checked_position(after_seq, position)
         floor = after_seq  # without a usable position we read from the start, yet still return seq > after_seq
         if start == 0:
             after_seq = 0
@@ -275,12 +295,28 @@ class FileEventLog:
         end = start
         n = 0
         last = after_seq
-        for rec, rec_end in scan(self.path, start, 1 if start == 0 else None, self.size):
+        # Each record must name the one before it (codec.Links); a break is corruption unless a repair recorded
+        # the seq gap it sits on (``log_repaired`` comes after the breaks it explains: checked at the end).
+        links = codec.Links(self.session_id, None if anchor is None else anchor["crc"],
+                            anchor is not None and anchor.get("prev") is not None)
+        breaks: list[tuple[int, int, int, str]] = []
+        explained: set[tuple[int, int]] = set()
+        for rec, rec_end in scan(self.path, start, 1 if start == 0 else None, self.size,
+                                 strict_tail=self.fsync_mode != "never"):
             n += 1
             seq = rec["seq"]
             if seq <= last:
                 raise LogCorruptedError(str(self.path), line_at(self.path, end), end,
                                         f"seq {seq} does not follow seq {last}")
+            prev = rec["prev"]
+            if prev is None or prev != links.last:
+                problem = links.check(rec)
+                if problem is not None:
+                    breaks.append((last, seq, end, problem))
+            else:
+                links.last = rec["crc"]
+            if breaks and rec["type"] == "log_repaired":
+                explained.update((a, b) for a, b in rec["data"].get("gaps", ()))
             last = seq
             end = rec_end
             if seq <= floor:
@@ -289,9 +325,14 @@ class FileEventLog:
             if len(out) >= batch:
                 yield out
                 out = []
+        for after, seq, at, problem in breaks:
+            if (after, seq) not in explained:
+                raise LogCorruptedError(str(self.path), line_at(self.path, at), at, f"record seq {seq} {problem}")
         if out:
             yield out
         self.last_seq = max(self.last_seq, last)
+        if links.last is not None:
+            self.last_crc = links.last.encode()
         self.torn = None
         if self.size > end:
             self.torn = TornTail(offset=end, length=self.size - end,
@@ -364,6 +405,7 @@ class FileEventLog:
         if self.fsync_mode != "never":
             self._sync(start)
         self.last_seq = first_seq + len(lines) - 1
+        self.last_crc = data[-11:-3]  # (codec.crc_of of the last record)
 
     def _write(self, data: bytes, one_record: bool = True) -> None:
         start = self.size

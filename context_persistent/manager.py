@@ -146,6 +146,8 @@ class PersistentContextManager:
         self.hooks = hooks
         self.config = config
         self._log = log
+        #: The ``prev`` of the session's first record (codec.root_crc); later records name their predecessor.
+        self._root = codec.root_crc(session_id)
         self._state = Projection()
         self._counter = TokenCounter(config["tokenizer"])
         self._fsync = config["fsync"]
@@ -359,7 +361,8 @@ class PersistentContextManager:
             # The file backend's append does not suspend here, so no other commit can interleave.
             seq = self._state.head_seq + 1
             ts = codec.now_iso()
-            await self._log.append((codec.encode(seq, type_, data_json, ts),), seq)
+            log = self._log
+            await log.append((codec.encode(seq, type_, data_json, ts, log.last_crc or self._root),), seq)
             self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
@@ -394,8 +397,12 @@ class PersistentContextManager:
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
                 try:
                     encode = codec.encode
-                    lines = [encode(seq, type_, data_json, ts)
-                             for seq, (type_, _, data_json, _) in enumerate(batch, first)]
+                    prev = self._log.last_crc or self._root
+                    lines = []
+                    for seq, (type_, _, data_json, _) in enumerate(batch, first):
+                        line = encode(seq, type_, data_json, ts, prev)
+                        lines.append(line)
+                        prev = line[-11:-3]  # (codec.crc_of: each record names the one before it)
                     await self._log.append(lines, first)
                 except Exception as e:  # nothing of this group was applied: each of its callers gets the error
                     for *_, fut in batch:
@@ -414,8 +421,13 @@ class PersistentContextManager:
             self._flush_task = None
 
     def _after_append(self) -> None:
-        """Periodic work after appends: a checkpoint every ``checkpoint_every`` events (in the background)."""
-        self._checkpoints.maybe_write(self._state, self._log, self._tokenizer_name)
+        """Periodic work after appends: a checkpoint every ``checkpoint_every`` events (in the background).
+
+        The records are durable by now: nothing here may fail the append (or kill a batch's flush task)."""
+        try:
+            self._checkpoints.maybe_write(self._state, self._log, self._tokenizer_name)
+        except Exception as e:
+            logger.warning("session %s: work after an append failed (%s); the records are stored", self.session_id, e)
 
     async def add_message(self, message: dict[str, Any]) -> None:
         """Append ``message`` (a dict with a ``role``; JSON values only); returns once it is durable (the
@@ -880,7 +892,7 @@ class PersistentContextManager:
                     "before_messages", "after_messages", "groups_dropped", "outputs_masked", "truncated", "warning",
                     *(("before_tokens_exact", "window") if "window" in self.last_compaction else ()))},
             "checkpoint": {"loaded_seq": self._checkpoints.loaded_seq, "seq": self._checkpoints.seq,
-                           "ignored": self._checkpoints.ignored},
+                           "ignored": self._checkpoints.ignored, "error": self._checkpoints.error},
         }
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) --------------------

@@ -339,6 +339,8 @@ class PostgresEventLog:
         self.timeout = timeout
         self.existed = False
         self.last_seq = 0
+        #: The crc of the record at ``last_seq`` once read or appended: the next record's ``prev``.
+        self.last_crc: bytes | None = None
         #: Where the records live, for messages (password removed).
         self.path = f"{redact_dsn(dsn)} {schema}.events session {session_id!r}"
         self._key = lock_key(schema, session_id)
@@ -490,18 +492,44 @@ class PostgresEventLog:
             except (*_lost_errors(apg), apg.PostgresError) as e:
                 raise DatabaseError(f"{self.path}: reading failed: {type(e).__name__}: {e}", stored=None) from e
 
+    async def _links(self, after_seq: int) -> codec.Links | None:
+        """The chain check for records after ``after_seq``: seeded with that record's crc (None if it is gone:
+        the caller then finds the log shorter than it expected)."""
+        if after_seq <= 0:
+            return codec.Links(self.session_id)
+        rows = await self._page(after_seq - 1, 1)
+        if not rows or rows[0]["seq"] != after_seq:
+            return None
+        anchor = self._verify(after_seq, rows[0]["record"], after_seq)
+        self.last_crc = anchor["crc"].encode()
+        return codec.Links(self.session_id, anchor["crc"], anchor.get("prev") is not None)
+
+    def _linked(self, links: codec.Links | None, rec: dict[str, Any]) -> codec.Links:
+        """Check ``rec`` against the chain (the table's key orders records, the chain binds them to this
+        session and to each other: a record copied in from another session's log breaks it)."""
+        if links is None:
+            return codec.Links(self.session_id, rec["crc"], rec.get("prev") is not None)
+        problem = links.check(rec)
+        if problem is not None:
+            raise RecordCorruptedError(self.path, rec["seq"], f"record seq {rec['seq']} {problem}")
+        return links
+
     async def read_batches(self, after_seq: int = 0, position: int | None = None,
                            batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
         last = max(after_seq, 0)
+        links = await self._links(last)
         while True:
             rows = await self._page(last, batch)
             if not rows:
                 break
             out = []
             for seq, record in rows:
-                out.append(self._verify(seq, record, last + 1))
+                rec = self._verify(seq, record, last + 1)
+                links = self._linked(links, rec)
+                out.append(rec)
                 last = seq
             self.last_seq = max(self.last_seq, last)
+            self.last_crc = links.last.encode() if links is not None and links.last else self.last_crc
             yield out
             if len(rows) < batch:
                 break
@@ -557,6 +585,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                 raise ConcurrencyError(f"{self.path}: expected to append seq {first_seq}, but the log is at seq "
                                        f"{head}: another writer appended; nothing was stored")
             self.last_seq = last
+            self.last_crc = codec.crc_of(bytes(lines[-1]))
 
     async def _reconcile(self, lines: Sequence[bytes], first_seq: int, cause: BaseException) -> None:
         """After a failed append: return if it committed after all, else raise DatabaseError saying so."""
@@ -589,6 +618,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                 await reader.close()
         if [bytes(r["record"]) for r in rows] == [bytes(x) for x in lines]:
             self.last_seq = max(self.last_seq, first_seq + len(lines) - 1)
+            self.last_crc = codec.crc_of(bytes(lines[-1]))
             return  # it committed before the connection failed: the records are durable
         lost = f"; another writer now holds the session ({self._broken})" if self._broken is not None else \
             "; the log reconnected and remains writable"
@@ -604,6 +634,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
         """
         apg = require_asyncpg()
         last = max(after_seq, 0)
+        links: codec.Links | None = codec.Links(self.session_id) if last == 0 else None
         wake: asyncio.Queue[bool] = asyncio.Queue()
         while not self._closed:
             conn = await connect(self.dsn)
@@ -618,6 +649,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                                     "ORDER BY seq LIMIT 1000"), self.session_id, last, timeout=self.timeout)
                         for seq, record in rows:
                             rec = self._verify(seq, record, last + 1)
+                            links = self._linked(links, rec)
                             last = seq
                             yield rec
                         if len(rows) < 1000:

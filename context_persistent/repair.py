@@ -5,10 +5,15 @@ Both walk the whole log the way open does, but never stop at the first problem. 
 * ``corrupt``: bytes that are not a valid record, with a valid record after them (open refuses the log);
 * ``torn``: bytes after the last valid record (a write cut short; open cuts them to a side file);
 * ``seq``: a valid record whose seq does not exceed the one before it (open refuses the log);
+* ``link``: a valid record that does not name the record kept before it (``prev``, codec.Links) with no seq
+  gap there: another log's record (open refuses the log; repair quarantines it). A break right after a gap is
+  the gap's, and repair records the gap;
+* ``session`` (never fixed): the first record names another session id's root (a renamed or copied folder);
 * ``unloadable`` (verify only): a valid record this program cannot fold into its state;
 * seq gaps: a seq that skips numbers. Repair leaves gaps (see below), and records them in a
   ``log_repaired`` event; gaps listed there are "explained", any other gap is a problem;
-* the checkpoint: missing (fine), valid, or why open would ignore it.
+* the checkpoint: missing (fine), valid, or why open would ignore it;
+* (verify) the semantic findings on the history (semantic.py): unpaired tool calls and results.
 
 A newline lost or flipped by a bad bit merges records into one line: every complete record inside such a
 line is still found and kept (codec.split_records).
@@ -38,9 +43,10 @@ from . import codec
 from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
-from .log import FileLock, data_size
+from .log import FileLock, crash_leaves, data_size
 from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
 from .projection import Projection
+from .semantic import Finding, check as semantic_check
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
 REPAIRED = ev.LOG_REPAIRED
@@ -66,7 +72,7 @@ class Problem:
 
     def describe(self) -> str:
         what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
-                "unloadable": "unloadable record"}[self.kind]
+                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log"}[self.kind]
         text = f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
         return text + (f"; {self.lost}" if self.lost else "")
 
@@ -122,11 +128,13 @@ class Report:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     side_files: list[str] = field(default_factory=list)
     writer_pid: int | None = None
+    #: Semantic findings on the history the log folds into (semantic.py): tool-call pairing and order.
+    semantic: list[Finding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return (not self.problems and all(g.explained or g.corrupt for g in self.gaps)
-                and self.checkpoint.get("ok", True))
+                and self.checkpoint.get("ok", True) and not any(f.problem for f in self.semantic))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -173,8 +181,12 @@ class _Walk:
 
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, session_id: str = "") -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.root = codec.root_crc(session_id).decode()
+        self.last_crc: str | None = None  # of the last kept record: the next one must name it (prev)
+        self.chained = False
+        self.foreign: set[Any] = set()  # crcs of the records quarantined as foreign
         self.progress = progress
         self.state = Projection() if fold else None
         self.records = 0
@@ -185,6 +197,7 @@ class _Walk:
         self._pending: list[tuple[Problem, bytes]] = []  # bad pieces no valid record has followed yet
         self.gaps: list[Gap] = []
         self.explained: set[tuple[int, int]] = set()
+        self.session_problem: str | None = None
 
     def run(self) -> "_Walk":
         progress = self.progress
@@ -212,14 +225,54 @@ class _Walk:
             torn = Problem("torn", first.line, first.offset, len(raw), first.reason,
                            lost=f"the history loses what followed seq {self.last_seq}, never acknowledged as "
                                 f"written if a writer crashed mid-append; {_content_of(raw)}")
+            if not crash_leaves(self._pending[0][1]):  # a complete line: corruption (log.crash_leaves)
+                torn = Problem("corrupt", first.line, first.offset, len(raw),
+                               f"{first.reason}; it is the last record, but complete (newline-terminated, no "
+                               "NUL bytes), which no crash leaves behind: it was changed after it was written",
+                               lost=f"the history loses seq {self.last_seq + 1}; {_content_of(raw)}")
             self.problems.append(torn)
             self.bad.append((torn, raw))
         for gap in self.gaps:
             gap.explained = (gap.after_seq, gap.next_seq) in self.explained
+        if self.session_problem is not None:
+            self.problems.append(Problem("session", 1, 0, 0, self.session_problem, self.first_seq))
         return self
 
     def _bad(self, n: int, offset: int, raw: bytes, reason: str) -> None:
         self._pending.append((Problem("corrupt", n, offset, len(raw), reason), raw))
+
+    def _link(self, rec: dict[str, Any], seq: int) -> str | None:
+        """Why ``rec`` breaks the chain (codec.Links) after the last kept record, else None (it is then the
+        last). A break right after a seq gap is the gap's (records are missing there: reported as a gap, and a
+        repair records it); a break at the log's first record means the log names another session id
+        (reported, never fixed: see ``session_problem``)."""
+        prev = rec.get("prev")
+        if prev is None:
+            broken = self.chained
+        else:
+            broken = prev != (self.last_crc if self.records else self.root)
+            self.chained = True
+        if broken and self.records == 0:
+            if seq > 1:  # the log's first records are missing: a gap from seq 0 (reported, recorded by repair)
+                self.gaps.append(Gap(0, seq))
+            else:
+                self.session_problem = (f"record seq {seq} names {prev} as its predecessor instead of this "
+                                        f"session's root {self.root}: the log was written for another session "
+                                        "id (a renamed or copied session folder?); give the folder its original "
+                                        "name")
+            broken = False
+        gap = self.records > 0 and seq > self.last_seq + 1
+        if broken and prev in self.foreign:  # it chains onto a foreign record: foreign too (a spliced run)
+            gap = False
+        if broken and not gap:
+            self.foreign.add(rec.get("crc"))
+            if prev is None:
+                return f"record seq {seq} is an unchained (version 1) record after chained ones: not appended to this log"
+            return (f"record seq {seq} names crc {prev} as its predecessor, but the record before it (seq "
+                    f"{self.last_seq}) has crc {self.last_crc}: it was not appended after it (a record from "
+                    "another log, or a copy)")
+        self.last_crc = rec.get("crc")
+        return None
 
     def _flush_pending(self) -> None:
         for problem, raw in self._pending:
@@ -246,6 +299,12 @@ class _Walk:
             problem = Problem("seq", n, offset, len(raw), f"seq {seq} does not follow seq {self.last_seq}", seq,
                               lost=f"the history loses this copy of seq {seq} ({rec['type']}); the record of "
                                    f"seq {seq} before it stays")
+            self.problems.append(problem)
+            self.bad.append((problem, raw))
+            return
+        link = self._link(rec, seq)
+        if link is not None:  # a valid record that was not appended after the one before it: not this log's
+            problem = Problem("link", n, offset, len(raw), link, seq)
             self.problems.append(problem)
             self.bad.append((problem, raw))
             return
@@ -371,11 +430,15 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     path = _log_path(directory, session_id)
     size = data_size(path)  # a writer may append meanwhile: we check what was there when we started
     status, on_record, finish = _check_checkpoint(directory, session_id)
-    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress).run()
+    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id).run()
     finish(walk)
+    pid = writer_pid(directory)
+    findings: list[Finding] = []
+    if walk.state is not None:  # (the history as far as it could be folded)
+        findings = semantic_check(walk.state.messages, walk.state.keys, writer_active=pid is not None)
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
-                  checkpoint=status, side_files=side_files(directory), writer_pid=writer_pid(directory))
+                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings)
 
 
 # -- repair ------------------------------------------------------------------------------------------
@@ -457,11 +520,13 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
     try:
-        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress).run()
+        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
+                     session_id=session_id).run()
         finish(walk)
         fixable = [p for p, _ in walk.bad]
-        unfixable = [p for p in walk.problems if p.kind == "unloadable"]
-        if not fixable and all(g.explained for g in walk.gaps):
+        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session")]
+        # A log of another session id is never rebuilt: its records are not ours to keep or quarantine.
+        if (not fixable and all(g.explained for g in walk.gaps)) or any(p.kind == "session" for p in unfixable):
             out.abandon()
             removed = status["status"] == "ignored"
             if removed:
@@ -476,7 +541,7 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
                 "gaps": [[g.after_seq, g.next_seq] for g in walk.gaps],
                 "pieces": [{"kind": p.kind, "line": p.line, "offset": p.offset, "length": p.length,
                             "reason": p.reason} for p in fixable[:_MAX_LISTED]],
-            }))
+            }, prev=(walk.last_crc or walk.root).encode()))
             for g in walk.gaps:
                 g.explained = True
         qpath = _write_quarantine(directory, path, size, walk.bad) if walk.bad else None

@@ -151,7 +151,12 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
         header["token_budget"] = token_budget
     if view == "request":  # the notes put in place of left-out messages: not messages of the session
         header["notes"] = sc.note_indices(messages, state.messages)
-    chunks = list(sc.encode_snapshot(header, messages, format))
+    try:
+        chunks = list(sc.encode_snapshot(header, messages, format))
+    except orjson.JSONEncodeError as e:  # (only a message stored before the depth limit existed gets here)
+        raise ValueError(f"cannot export session {store.session_id!r} as {format}: {e}: a message is nested "
+                         f"deeper than the store accepts today ({codec.MAX_DEPTH} levels, docs/format.md); "
+                         "format 'jsonl' writes each message on its own and can carry it") from None
     await write_atomic(Path(path), chunks, progress)
     return header
 
@@ -209,16 +214,16 @@ def session_lines(session_id: str, started: dict[str, Any], messages: list[dict[
     ts = codec.now_iso()
     data = {"format": codec.FORMAT_VERSION, "tokenizer": DEFAULT_ENCODING, "program": PROGRAM,
             "session_id": session_id, **started}
-    lines = [codec.encode_event(1, ev.SESSION_STARTED, data, ts)]
+    lines = [codec.encode_event(1, ev.SESSION_STARTED, data, ts, codec.root_crc(session_id))]
     for i, m in enumerate(messages):
         body = b'{"message":%s' % ev.validate_message(m, f"message {i + 1}")
         if stamps and stamps[i] is not None:
             body += b',"source_timestamp":%s' % orjson.dumps(stamps[i])
-        lines.append(codec.encode(i + 2, ev.MESSAGE_ADDED, body + b"}", ts))
+        lines.append(codec.encode(i + 2, ev.MESSAGE_ADDED, body + b"}", ts, codec.crc_of(lines[-1])))
     for seq, i in enumerate(sorted(set(pins)), len(lines) + 1):
         msg_seq = i + 2
         lines.append(codec.encode_event(seq, ev.PINNED, {"key": make_key(msg_seq), "seq": msg_seq, "index": 0},
-                                        ts))
+                                        ts, codec.crc_of(lines[-1])))
     return lines
 
 

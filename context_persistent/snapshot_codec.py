@@ -12,6 +12,8 @@ bytes after the header line (Markdown is one-way: for people, never imported).
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -160,7 +162,7 @@ def detect(data: bytes, path: str) -> str:
                                               "(give source='transcript' or 'reference' to import no messages)")
     first_no, first = next((i, ln) for i, ln in enumerate(data.split(b"\n"), 1) if ln.strip())
     try:
-        obj = orjson.loads(first)
+        obj = loads_exact(first, path, first_no)
     except orjson.JSONDecodeError:
         obj = None
     if isinstance(obj, dict):
@@ -171,7 +173,7 @@ def detect(data: bytes, path: str) -> str:
         raise MalformedInputError(path, first_no, "is a JSON object with neither a 'role' (a message) nor "
                                                   f"{MARKER!r} (a snapshot header)")
     try:
-        whole = orjson.loads(data)
+        whole = loads_exact(data, path, 1)
     except orjson.JSONDecodeError as e:
         raise MalformedInputError(path, first_no, f"is not JSON ({e}); expected a snapshot or one message "
                                                   "per line") from None
@@ -198,6 +200,72 @@ def messages_kind(path: str, messages: Sequence[dict[str, Any]]) -> str:
 
 
 # -- parsing ----------------------------------------------------------------------------------------
+#: The integers the store can hold (orjson's range: int64 and uint64). orjson.loads turns a longer integer
+#: literal into a float silently; a foreign file holding one is refused instead (its value would change).
+INT_MIN: Final = -(1 << 63)
+INT_MAX: Final = (1 << 64) - 1
+#: Any integer outside that range has at least 19 digits: only text with such a run is parsed again exactly.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
+
+
+def _big_int(value: Any) -> int | None:
+    """The first integer in a parsed JSON value that lies outside the 64-bit range, or None."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is int:
+            if not INT_MIN <= v <= INT_MAX:
+                return v  # type: ignore[no-any-return]
+        elif t is dict:
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+    return None
+
+
+def _big_int_text(raw: bytes, obj: Any) -> int | None:
+    """When the exact parse failed: -1 if a long digit run outside strings can only be an integer literal
+    beyond the 64-bit range (orjson read it as a float), else None."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if type(v) is float and v.is_integer() and not INT_MIN <= v <= INT_MAX:
+            return -1
+        if type(v) is dict:
+            stack.extend(v.values())
+        elif type(v) is list:
+            stack.extend(v)
+    return None
+
+
+def loads_exact(raw: bytes, path: str, first_line: int | None) -> Any:
+    """``orjson.loads(raw)``, refusing an integer orjson would change into a float (beyond 64 bits).
+
+    MalformedInputError names the line that holds it (``first_line`` is the line ``raw`` starts on) and the
+    allowed range. orjson.JSONDecodeError passes through for the caller to word.
+    """
+    obj = orjson.loads(raw)
+    if _LONG_DIGITS.search(raw) is None:
+        return obj
+    try:
+        big = _big_int(json.loads(raw))  # the exact parse, only for text with a long run of digits
+    except (ValueError, RecursionError):  # more digits than Python converts (4300), or nested too deep
+        big = _big_int_text(raw, obj)
+    if big is None:
+        return obj
+    text = str(big) if big != -1 else "of thousands of digits"
+    line = first_line
+    if line is not None:
+        at = re.search(rb"(?<![0-9.eE])%s(?![0-9.eE])" % text.encode(), raw) if big != -1 else _LONG_DIGITS.search(raw)
+        line += raw.count(b"\n", 0, at.start()) if at is not None else 0
+    shown = text if len(text) <= 40 else f"{text[:20]}…{text[-8:]} ({len(text.lstrip('-'))} digits)"
+    raise MalformedInputError(path, line, f"holds the integer {shown}, outside the 64-bit range the store "
+                                          f"keeps exactly ({INT_MIN} to {INT_MAX}); reading it would change it "
+                                          "into an approximate float, so the file is refused (store such a "
+                                          "number as a string)")
+
+
 def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
     """``(line number, line, is_unterminated_last)`` for each non-blank line."""
     parts = data.split(b"\n")
@@ -209,7 +277,7 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
 
 def _load_line(raw: bytes, no: int, unterminated: bool, path: str) -> Any:
     try:
-        return orjson.loads(raw)
+        return loads_exact(raw, path, no)
     except orjson.JSONDecodeError as e:
         if unterminated:
             raise MalformedInputError(path, no, f"is truncated (the last line has no newline and is not "
@@ -257,7 +325,7 @@ def parse_snapshot(data: bytes, path: str) -> tuple[dict[str, Any], list[dict[st
                          "cannot be imported; export the session with format 'jsonl' or 'json' to move it")
     head, sep, rest = data.partition(b"\n")
     try:
-        header = orjson.loads(head)
+        header = loads_exact(head, path, 1)
     except orjson.JSONDecodeError:
         header = None
     if isinstance(header, dict) and MARKER in header:
@@ -299,7 +367,7 @@ def _snapshot_jsonl_body(body: bytes, path: str) -> list[dict[str, Any]]:
 
 def _snapshot_json(data: bytes, path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     try:
-        doc = orjson.loads(data)
+        doc = loads_exact(data, path, 1)
     except orjson.JSONDecodeError as e:
         raise MalformedInputError(path, e.lineno, f"is not valid JSON ({e.msg}; truncated or edited?)") from None
     if not (isinstance(doc, dict) and isinstance(doc.get("header"), dict) and MARKER in doc["header"]):

@@ -40,7 +40,7 @@ def _message_text_parts(message: dict[str, Any]) -> list[str]:
         if isinstance(call, dict):
             inner = call.get("function")
             fn: dict[str, Any] = inner if isinstance(inner, dict) else call
-            parts.append(str(fn.get("name", "")))
+            parts.append(str(fn.get("name") or fn.get("tool") or ""))  # ("tool": Amplifier's own form)
             args = fn.get("arguments", fn.get("input", ""))
             parts.append(args if isinstance(args, str) else orjson.dumps(args).decode())
     for key in ("name", "tool_call_id"):

@@ -54,8 +54,9 @@ def _reset(folder: Path, data: bytes) -> None:
     (folder / LOG_NAME).write_bytes(data)
 
 
-async def _messages(storage: Path, hooks: Hooks | None = None) -> list[dict[str, Any]]:
-    async with await PersistentContextManager.open(storage_path=storage, session_id=SESSION, hooks=hooks) as store:
+async def _messages(storage: Path, hooks: Hooks | None = None, fsync: str = "always") -> list[dict[str, Any]]:
+    async with await PersistentContextManager.open(storage_path=storage, session_id=SESSION, hooks=hooks,
+                                                   fsync=fsync) as store:
         return await store.get_messages()
 
 
@@ -65,11 +66,12 @@ def _flip(data: bytes, pos: int, bit: int) -> bytes:
     return bytes(out)
 
 
-async def _assert_tail_recovered(storage: Path, damaged: bytes, last_start: int, kept: int = N - 1) -> None:
+async def _assert_tail_recovered(storage: Path, damaged: bytes, last_start: int, kept: int = N - 1,
+                                 fsync: str = "always") -> None:
     folder = storage / SESSION
     _reset(folder, damaged)
     hooks = Hooks()
-    assert await _messages(storage, hooks) == [msg(i) for i in range(kept)]
+    assert await _messages(storage, hooks, fsync) == [msg(i) for i in range(kept)]
     assert (folder / LOG_NAME).read_bytes() == damaged[:last_start]
     sides = [p for p in folder.iterdir() if p.name.startswith(TORN_PREFIX)]
     assert len(sides) == 1 and sides[0].read_bytes() == damaged[last_start:]
@@ -87,12 +89,47 @@ async def test_torn_write_at_every_byte_of_the_last_record_recovers_the_exact_pr
         await _assert_tail_recovered(storage, data[:cut], last_start)
 
 
-async def test_bit_flip_at_every_byte_of_the_last_record_recovers_the_exact_prefix(storage: Path) -> None:
-    """A flipped bit anywhere in the last record (checksum, JSON, newline) is cut as a torn tail, never loaded."""
+async def test_bit_flip_at_every_byte_of_the_last_record_with_fsync_never_recovers_the_exact_prefix(
+        storage: Path) -> None:
+    """fsync=never promised nothing durable: a flipped bit anywhere in the last record (checksum, JSON, newline)
+    is cut as a torn tail (saved to a side file), never loaded."""
     data, starts = await _build(storage)
     last_start = starts[-2]
     for pos in range(last_start, len(data)):
-        await _assert_tail_recovered(storage, _flip(data, pos, pos % 8), last_start)
+        await _assert_tail_recovered(storage, _flip(data, pos, pos % 8), last_start, fsync="never")
+
+
+@pytest.mark.parametrize("fsync", ["always", "batch"])
+async def test_bit_flip_in_a_complete_last_record_is_corruption_not_a_torn_tail(storage: Path, fsync: str) -> None:
+    """With the records synced, a crash leaves an unterminated line or NUL bytes, never a complete bad line: a
+    flipped bit in the last complete record is corruption (open refuses, nothing is cut, verify says corrupt).
+    Only a flip of its newline makes it unterminated, which a crash can leave: that is cut as a torn tail."""
+    data, starts = await _build(storage)
+    last_start = starts[-2]
+    folder = storage / SESSION
+    for pos in range(last_start, len(data)):
+        damaged = _flip(data, pos, pos % 8)
+        if pos == len(data) - 1:
+            await _assert_tail_recovered(storage, damaged, last_start, fsync=fsync)
+            continue
+        _reset(folder, damaged)
+        with pytest.raises(LogCorruptedError, match=f"line {N + 1} .*no crash leaves behind") as info:
+            await _messages(storage, fsync=fsync)
+        assert info.value.offset == last_start
+        assert (folder / LOG_NAME).read_bytes() == damaged
+        assert not [p for p in folder.iterdir() if p.name.startswith(TORN_PREFIX)]
+    _reset(folder, _flip(data, last_start + 5, 1))
+    report = verify(folder, SESSION)
+    assert [(p.kind, p.offset) for p in report.problems] == [("corrupt", last_start)]
+    assert "no crash leaves" in report.problems[0].reason
+
+
+async def test_a_record_torn_by_a_hole_is_still_a_torn_tail(storage: Path) -> None:
+    """Space the file system had not written yet reads as NUL bytes: a complete line holding them is torn."""
+    data, starts = await _build(storage)
+    last_start = starts[-2]
+    hole = data[:last_start + 10] + b"\0" * 20 + data[last_start + 30:]
+    await _assert_tail_recovered(storage, hole, last_start)
 
 
 async def test_several_garbage_lines_after_the_last_record_are_one_torn_tail(storage: Path) -> None:

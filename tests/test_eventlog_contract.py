@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import chained
 import pytest
 from pgfixtures import execute, pg_dsn, pg_schema, sid  # noqa: F401
 
@@ -62,9 +63,18 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     return PostgresBackend(request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema"))
 
 
+SID = ""
+
+
+@pytest.fixture(autouse=True)
+def _chain_of(sid: str) -> None:
+    global SID
+    SID = sid
+
+
 def lines(first: int, n: int, tag: str = "m") -> list[bytes]:
-    return [codec.encode_event(first + i, "message_added", {"message": {"role": "user", "content": f"{tag}{first + i}"}})
-            for i in range(n)]
+    """Records of the test's session, chained (each names the one before it; tests/chained.py)."""
+    return chained.lines(SID, first, n, tag)
 
 
 async def read_all(log: Any, after_seq: int = 0, **kw: Any) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+import chained
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager, codec
@@ -24,9 +25,18 @@ from context_persistent.errors import (
 from context_persistent.pg import PostgresEventLog, init_schema, status
 
 
+SID = ""
+
+
+@pytest.fixture(autouse=True)
+def _chain_of(sid: str) -> None:
+    global SID
+    SID = sid
+
+
 def lines(first: int, n: int) -> list[bytes]:
-    return [codec.encode_event(first + i, "message_added", {"message": {"role": "user", "content": str(first + i)}})
-            for i in range(n)]
+    """Records of the test's session, chained (each names the one before it; tests/chained.py)."""
+    return chained.lines(SID, first, n, "", lambda seq, tag: {"role": "user", "content": str(seq)})
 
 
 async def seqs(dsn: str, schema: str, session_id: str) -> list[int]:

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import chained
 import pytest
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import PersistentContextManager, SessionLockedError, codec
+from context_persistent import PersistentContextManager, SessionLockedError
 from context_persistent.errors import DatabaseError
 from context_persistent.pg import PostgresEventLog
 
@@ -217,8 +218,7 @@ async def test_append_whose_reply_is_lost_is_found_committed(pg_dsn: str, pg_sch
     dsn = urlunsplit(u._replace(netloc=f"{u.username}@127.0.0.1:{port}"))
     try:
         log = await PostgresEventLog.open(dsn, sid, schema=pg_schema)
-        rec = [codec.encode_event(s, "message_added", {"message": {"role": "user", "content": str(s)}})
-               for s in (1, 2, 3)]
+        rec = chained.lines(sid, 1, 3, "", lambda s, _: {"role": "user", "content": str(s)})
         await log.append(rec[:1], 1)
         old = log.backend_pid
         proxy.cut_next_reply = True

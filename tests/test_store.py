@@ -283,15 +283,16 @@ async def test_token_count_and_stats(storage: Path) -> None:
 async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, kind: str, data: dict) -> None:
     """A record whose checksum is fine but whose data cannot be applied, or whose type this format does not
     know, raises LogCorruptedError naming it; it is never skipped."""
+    from chained import record_after
     from context_persistent import LogCorruptedError
-    from context_persistent.codec import encode_event
 
     async with await open_store(storage) as s:
         await s.add_message({"role": "user", "content": "ok"})
     log = storage / "s" / "events.jsonl"
     before = log.read_bytes()
+    record = record_after(log, 3, kind, data)
     with log.open("ab") as f:
-        f.write(encode_event(3, kind, data))
+        f.write(record)
     with pytest.raises(LogCorruptedError, match=rf"record seq 3 \({kind}\) passed its checksum") as info:
         await open_store(storage)
     assert str(log) in str(info.value)

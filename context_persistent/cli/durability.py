@@ -9,6 +9,7 @@ session folder and rebuilds the log atomically. See docs/operations.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from typing import Any
 
@@ -17,7 +18,8 @@ import orjson
 from ..errors import ContextPersistentError, SessionLockedError
 from ..paths import session_dir
 from ..repair import Report, RepairResult, repair, verify
-from . import EXIT_OK, EXIT_PROBLEM, UsageError, require_storage
+from ..semantic import SemanticRepair, repair_semantic
+from . import EXIT_OK, EXIT_PROBLEM, UsageError, require_storage, storage_of
 from .transfer import Progress
 
 
@@ -58,6 +60,8 @@ def format_report(r: Report) -> str:
                      "repair removes it)")
     for name in r.side_files:
         lines.append(f"  side file: {name}")
+    for f in r.semantic:  # tool-call pairing and order of the history (semantic.py)
+        lines.append(f"  {'PROBLEM' if f.problem else 'note:'} {f.describe()}")
     if r.ok:
         lines.append("verdict: clean")
     else:
@@ -90,13 +94,15 @@ def format_repair(r: RepairResult) -> str:
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace, name: str, work: Any, describe: Any) -> Any:
-    """Run verify or repair with a progress bar (on a terminal), print the result, return it."""
+def _run(args: argparse.Namespace, name: str, work: Any, describe: Any, quiet: bool = False) -> Any:
+    """Run verify or repair with a progress bar (on a terminal), print the result (unless ``quiet``), return it."""
     bar = Progress(f"{name} {args.session}")
     try:
         result = work(_directory(args), args.session, progress=bar)
     finally:
         bar.close()
+    if quiet:
+        return result
     if args.json:
         _print_json(result.to_dict())
     else:
@@ -109,15 +115,47 @@ def run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
+def format_semantic(r: SemanticRepair) -> str:
+    if not r.changed and not r.left:
+        return f"session {r.session_id}: tool calls and results are paired; nothing to record"
+    lines = [f"session {r.session_id}: recorded semantic fixes as events (no record was edited)"]
+    for p in r.placeholders:
+        lines.append(f"  placeholder result for {', '.join(_ids(p['message']))} added as seq {p['seq']}")
+    for d in r.redacted:
+        lines.append(f"  orphaned result {', '.join(d['call_ids'])} (seq {d['seq']}) hidden by a redaction")
+    for f in r.left:
+        lines.append(f"  NOT FIXED {f.describe()} (the message holds other content; request views leave the "
+                     "orphaned blocks out)")
+    if r.audit_seq:
+        lines.append(f"  recorded what was done as event seq {r.audit_seq} (semantic_repaired)")
+    return "\n".join(lines)
+
+
+def _ids(message: dict[str, Any]) -> list[str]:
+    from ..semantic import _answered_ids
+
+    return _answered_ids(message)
+
+
 def run_repair(args: argparse.Namespace) -> int:
     try:
-        result = _run(args, "repair", repair, format_repair)
+        result = _run(args, "repair", repair, format_repair, quiet=getattr(args, "semantic", False))
     except SessionLockedError as e:
         holder = f"pid {e.pid}" if e.pid else "another process"
         raise _Locked(
             f"session {e.session_id!r} is open for writing by {holder}: repair needs the session to itself. "
             f"Stop that agent (or let it close the session), then run `context-persistent repair {e.session_id}` "
             f"again; `context-persistent verify {e.session_id}` works meanwhile") from None
+    if not getattr(args, "semantic", False):
+        return EXIT_PROBLEM if result.unfixable else EXIT_OK
+    # --semantic: one report (one JSON object) for both steps; the semantic step runs on a readable log only
+    fixed = None if result.unfixable else asyncio.run(repair_semantic(storage_of(args), args.session))
+    if args.json:
+        _print_json({**result.to_dict(), "semantic": fixed.to_dict() if fixed is not None else None})
+    else:
+        print(format_repair(result))
+        if fixed is not None:
+            print(format_semantic(fixed))
     return EXIT_PROBLEM if result.unfixable else EXIT_OK
 
 
@@ -130,8 +168,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "verify", parents=[common], formatter_class=fmt,
         help="check every record of a session; exit 0 clean, 1 with a report",
-        description="Check every record of a session's log (checksums, seq order, torn tail, gaps) and its "
-                    "checkpoint. Never takes the lock: safe while an agent writes.",
+        description="Check every record of a session's log (checksums, seq order, the chain binding each record "
+                    "to its predecessor and session, torn tail, gaps), its checkpoint, and the history it holds "
+                    "(tool calls paired with their results, in order). Never takes the lock: safe while an agent "
+                    "writes.",
         epilog="examples:\n  context-persistent verify my-session\n  context-persistent verify my-session --json\n"
                "exit codes: 0 clean, 1 problems found (report printed), 2 usage error\n",
     )
@@ -143,9 +183,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Rebuild a session's log atomically: every valid record is kept byte for byte, every bad "
                     "byte goes to events.jsonl.quarantine-* in the session folder, seq gaps are left and "
                     "recorded. Takes the writer lock: refuses while a store has the session open.",
-        epilog="examples:\n  context-persistent repair my-session\n"
+        epilog="examples:\n  context-persistent repair my-session\n  context-persistent repair --semantic my-session\n"
                "  context-persistent verify my-session || context-persistent repair my-session\n"
                "exit codes: 0 repaired or nothing to do, 1 refused (session locked) or not everything fixable\n",
     )
     p.add_argument("session", metavar="SESSION", help="session id")
+    p.add_argument("--semantic", action="store_true",
+                   help="also record fixes for unpaired tool calls and results as events: a placeholder result "
+                        "for each unanswered call, a redaction for each message of orphaned results")
     p.set_defaults(func=run_repair)

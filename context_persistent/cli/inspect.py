@@ -70,6 +70,7 @@ def print_json(value: Any) -> None:
 def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
     """A readable rendering of one message: text, then tool calls and results, one per line."""
     parts: list[str] = []
+    shown_calls: set[Any] = set()
     content = m.get("content")
     if isinstance(content, str):
         parts.append(content)
@@ -79,20 +80,31 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
                 parts.append(str(b))
             elif b.get("type") == "text":
                 parts.append(str(b.get("text", "")))
-            elif b.get("type") == "tool_use":
+            elif b.get("type") in ("tool_use", "tool_call"):  # Anthropic's block, Amplifier's ToolCallBlock
+                shown_calls.add(b.get("id"))
                 parts.append(f"→ {b.get('name')}({orjson.dumps(b.get('input')).decode()})  [{b.get('id')}]")
             elif b.get("type") == "tool_result":
-                inner = b.get("content")
+                inner = b.get("content", b.get("output"))
                 if isinstance(inner, list):
                     inner = " ".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in inner)
-                parts.append(f"← [{b.get('tool_use_id')}] {inner}")
+                elif not isinstance(inner, str):
+                    inner = orjson.dumps(inner).decode()
+                parts.append(f"← [{b.get('tool_use_id', b.get('tool_call_id'))}] {inner}")
             elif b.get("type") in ("thinking", "redacted_thinking"):
                 parts.append(f"(thinking) {b.get('thinking', '')}")
             else:
                 parts.append(f"[{b.get('type')}]")
     for call in m.get("tool_calls") or ():
-        fn = call.get("function", {}) if isinstance(call, dict) else {}
-        parts.append(f"→ {fn.get('name')}({fn.get('arguments')})  [{call.get('id')}]")
+        if not isinstance(call, dict) or (call.get("id") in shown_calls and call.get("id") is not None):
+            continue  # (Amplifier stores each call twice: a tool_call block and a tool_calls entry)
+        fn = call.get("function")
+        if isinstance(fn, dict):  # OpenAI: {"id", "type", "function": {"name", "arguments"}}
+            name, args = fn.get("name"), fn.get("arguments")
+        else:  # Amplifier's own form: {"id", "tool", "arguments"}
+            name, args = call.get("tool", call.get("name")), call.get("arguments", call.get("input"))
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode()
+        parts.append(f"→ {name}({args})  [{call.get('id')}]")
     if m.get("tool_call_id"):
         parts[0:0] = [f"← [{m['tool_call_id']}]"]
     text = "\n".join(p for p in parts if p)
