@@ -436,6 +436,11 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     findings: list[Finding] = []
     if walk.state is not None:  # (the history as far as it could be folded)
         findings = semantic_check(walk.state.messages, walk.state.keys, writer_active=pid is not None)
+        if walk.problems:  # a history with records missing: its pairing follows from them, not a problem of its own
+            for f in findings:
+                if f.problem:
+                    f.problem = False
+                    f.detail += " (the history has bad records above: check again after `repair`)"
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
                   checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings)

@@ -253,6 +253,15 @@ def test_a_flipped_byte_is_one_problem_and_repair_names_what_leaves(env: dict[st
     p = cli(env, "repair", "ref")
     assert p.returncode == 0
     assert "quarantined corrupt record at line 6" in p.stdout and "the history loses seq 6" in p.stdout
+    # the bytes are sound now; the lost record was a tool result, so its call is unanswered: one semantic problem
+    p = cli(env, "verify", "ref")
+    assert p.returncode == 1
+    problems = [line for line in p.stdout.splitlines() if "PROBLEM" in line]
+    assert len(problems) == 1 and "unanswered tool call" in problems[0], p.stdout
+    p = cli(env, "repair", "ref", "--semantic", "--json")
+    assert p.returncode == 0
+    fixed = json.loads(p.stdout)  # one JSON object for both steps
+    assert fixed["changed"] is False and len(fixed["semantic"]["placeholders"]) == 1
     assert cli(env, "verify", "ref").returncode == 0
 
 
