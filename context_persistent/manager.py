@@ -39,6 +39,7 @@ EVENT_TRANSCRIPT_IGNORED = "context:transcript_ignored"
 #: Every configuration key the store understands, with its default (see docs/configuration.md).
 DEFAULTS: dict[str, Any] = {
     "fsync": "always",
+    "reserve_tail": False,
     "tokenizer": DEFAULT_ENCODING,
     "max_tokens": 200_000,
     "safety_margin": 1000,
@@ -66,7 +67,8 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
         return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
                                            readonly=readonly, create=create)
     return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
-                        fsync=cfg.get("fsync", "always"), create=create)
+                        fsync=cfg.get("fsync", "always"), create=create,
+                        reserve_tail=cfg.get("reserve_tail", False))
 
 
 #: Keys validated and used by the compaction layer (docs/compaction.md, docs/configuration.md).
@@ -210,7 +212,7 @@ class PersistentContextManager:
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
-        for flag in ("recognise_replay", "copy_request_view", "export_on_compact"):
+        for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
@@ -767,6 +769,7 @@ class PersistentContextManager:
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
             "fsync": self._fsync,
+            "reserve_tail": self.config["reserve_tail"],
             "loaded_from_file": self._loaded_from_file,
             "last_compaction": None if self.last_compaction is None else {
                 k: self.last_compaction.get(k) for k in (
