@@ -217,6 +217,9 @@ def run(ctx: Ctx) -> list[Row]:
                                 [percentile(x, 50) for x in peer], unit="µs", invert=True, target=">= 2",
                                 ref_name="openai-agents SQLiteSession (WAL, FULL)",
                                 extra={"pragmas": pragmas}))
+            rows.append(compare(GROUP, "fsync=always reserve_tail 300 B p50: SQLiteSession.add_items / ours",
+                                [percentile(x, 50) for x in resv], [percentile(x, 50) for x in peer], unit="µs",
+                                invert=True, ref_name="openai-agents SQLiteSession (WAL, FULL)"))
             rows.append(compare(GROUP, "fsync=always 300 B p50: sqlite3 commit per row / ours", p50,
                                 [percentile(x, 50) for x in raw], unit="µs", invert=True,
                                 ref_name="sqlite3 WAL synchronous=FULL"))

@@ -20,7 +20,7 @@ from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
 from .replay import COMPLETE, HELD, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
-from .tokens import DEFAULT_ENCODING, TokenCounter
+from .tokens import DEFAULT_ENCODING, TokenCounter, resolve_tokenizer
 from .views import conversation_view, reasoning_view
 
 if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `import context_persistent` stays cheap
@@ -207,8 +207,7 @@ class PersistentContextManager:
         cfg = {**DEFAULTS, **config}
         if cfg["fsync"] not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {cfg['fsync']!r}")
-        if cfg["tokenizer"] is not None and not isinstance(cfg["tokenizer"], str):
-            raise ValueError(f"tokenizer must be a tiktoken encoding name or 'chars/4', got {cfg['tokenizer']!r}")
+        resolve_tokenizer(cfg["tokenizer"])  # ValueError naming what is allowed
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
@@ -768,6 +767,7 @@ class PersistentContextManager:
             "tokens": sum(self._token_counts()),
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
+            "tokenizer_requested": self._counter.asked,
             "fsync": self._fsync,
             "reserve_tail": self.config["reserve_tail"],
             "loaded_from_file": self._loaded_from_file,
