@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,11 @@ class PersistentContextManager:
         #: Stats of the last compaction that changed the view (for stats() and the CLI).
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
+        #: ``compacted`` audit records made by request views: a read never writes or syncs, so they wait here
+        #: and go out in the same write as the next appended event (or at close; docs/compaction.md).
+        self._deferred: list[tuple[str, Any, bytes]] = []
+        #: (budget, warning with its numbers blanked) already logged: a view warning is said once, not per request.
+        self._warned: set[tuple[int, str]] = set()
         #: Checkpoints (checkpoint.py): resume from one at open, write one every checkpoint_every events.
         from .checkpoint import Checkpointer, checkpoint_store_for
 
@@ -339,6 +345,9 @@ class PersistentContextManager:
             # The file backend's append does not suspend here, so no other commit can interleave.
             seq = self._state.head_seq + 1
             ts = codec.now_iso()
+            if self._deferred:  # audit records of earlier request views ride along in this write
+                await self._commit_with_deferred([(type_, data, data_json)])
+                return
             await self._log.append((codec.encode(seq, type_, data_json, ts),), seq)
             self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
@@ -346,6 +355,27 @@ class PersistentContextManager:
             self._after_append()
             return
         await self._enqueue(type_, data, data_json)
+
+    async def _commit_with_deferred(self, events: list[tuple[str, Any, bytes]]) -> None:
+        """Append the deferred audit records and ``events`` in one write (inline appends only).
+
+        If the write fails, nothing was applied and the audit records stay deferred for the next append.
+        """
+        deferred, self._deferred = self._deferred, []
+        batch = deferred + events
+        first = self._state.head_seq + 1
+        ts = codec.now_iso()
+        try:
+            await self._log.append([codec.encode(seq, t, dj, ts) for seq, (t, _, dj) in enumerate(batch, first)],
+                                   first)
+        except BaseException:
+            self._deferred = deferred + self._deferred
+            raise
+        for seq, (t, d, _) in enumerate(batch, first):
+            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
+            if t != ev.MESSAGE_ADDED and t not in ev.AUDIT_EVENTS:
+                self._epoch += 1
+        self._after_append()
 
     def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[None]:
         """Queue an event for the next group commit; the future is done once it is durable and applied.
@@ -368,7 +398,12 @@ class PersistentContextManager:
         """
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                pending, self._pending = self._pending, []
+                deferred, self._deferred = self._deferred, []
+                # audit records of earlier request views (no caller waits on them) go out with this group
+                batch: list[tuple[str, Any, bytes, asyncio.Future[None] | None]] = [
+                    (t, d, dj, None) for t, d, dj in deferred]
+                batch += pending
                 state = self._state
                 first = state.head_seq + 1
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
@@ -378,8 +413,9 @@ class PersistentContextManager:
                              for seq, (type_, _, data_json, _) in enumerate(batch, first)]
                     await self._log.append(lines, first)
                 except Exception as e:  # nothing of this group was applied: each of its callers gets the error
+                    self._deferred = deferred + self._deferred
                     for *_, fut in batch:
-                        if not fut.done():
+                        if fut is not None and not fut.done():
                             fut.set_exception(e)
                     continue
                 apply = state.apply
@@ -387,7 +423,7 @@ class PersistentContextManager:
                     apply({"seq": seq, "ts": ts, "type": type_, "data": data})
                     if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
-                    if not fut.done():  # (a cancelled caller's record is written all the same)
+                    if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)
                         fut.set_result(None)
                 self._after_append()
         finally:
@@ -636,7 +672,10 @@ class PersistentContextManager:
         base = anchor(view, messages, tokens, cfg, self._counter.count_message, history_tokens=total)
         self._view_cache = (version, budget, self._epoch, base, view)
         if stats.get("warning"):
-            logger.warning("session %s: request view: %s", self.session_id, stats["warning"])
+            said = (budget, re.sub(r"\d[\d,]*", "N", stats["warning"]))
+            level = logging.DEBUG if said in self._warned else logging.WARNING  # once per budget and kind
+            self._warned.add(said)
+            logger.log(level, "session %s: request view: %s", self.session_id, stats["warning"])
         if over or view.compacted:
             await self._emit(EVENT_POST_COMPACT, {**event_base, **stats})
         if view.compacted:
@@ -696,10 +735,11 @@ class PersistentContextManager:
         return [i for i, k in enumerate(keys) if k in state.pinned]
 
     async def _record_compaction(self, stats: dict[str, Any]) -> None:
-        """Append a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
+        """Record a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
 
-        Written only when a compaction changed the view; the hysteresis makes that rare. A failure to write it
-        is logged and never breaks the request.
+        Made only when a compaction changed the view. A request view is a read: it does not write or sync, so
+        the record waits in memory and is appended in the same write as the next event (a message, a pin, ...)
+        or at close. A crash before then loses the audit record only, never history (docs/compaction.md).
         """
         if self._readonly or self._closed:
             return
@@ -708,10 +748,7 @@ class PersistentContextManager:
             "after_messages", "groups_dropped", "outputs_masked", "truncated", "summarized", "warning")}
         if "window" in stats:
             record.update(before_tokens_exact=False, window=stats["window"])
-        try:
-            await self._commit(ev.COMPACTED, record)
-        except Exception as e:
-            logger.warning("session %s: could not record the compaction audit event: %s", self.session_id, e)
+        self._deferred.append((ev.COMPACTED, record, codec.dumps(record)))
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most
@@ -830,11 +867,33 @@ class PersistentContextManager:
             await self._write_held()  # a partial replay is kept: duplicates are better than loss
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
+        if self._deferred and not self._readonly:
+            try:  # the audit records of the last request views (close syncs the log)
+                await self._commit_deferred_at_close()
+            except Exception as e:
+                logger.warning("session %s: could not record %d compaction audit event(s): %s", self.session_id,
+                               len(self._deferred), e)
         self._closed = True
         try:
             await self._checkpoints.close(self._state, self._log, self._tokenizer_name)
         finally:
             await self._log.close()
+
+    async def _commit_deferred_at_close(self) -> None:
+        if self._inline_appends:
+            await self._commit_with_deferred([])
+            return
+        deferred, self._deferred = self._deferred, []
+        first = self._state.head_seq + 1
+        ts = codec.now_iso()
+        try:
+            await self._log.append([codec.encode(seq, t, dj, ts) for seq, (t, _, dj) in enumerate(deferred, first)],
+                                   first)
+        except BaseException:
+            self._deferred = deferred
+            raise
+        for seq, (t, d, _) in enumerate(deferred, first):
+            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
 
     async def __aenter__(self) -> "PersistentContextManager":
         return self
