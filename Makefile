@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench bench-quick soak typecheck clean
+.PHONY: demo test test-fast bench bench-quick soak typecheck dist clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,5 +39,15 @@ soak: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+## dist: build the sdist and the wheel into dist/ (install with `pip install dist/*.whl`, see README)
+BUILD_VENV := .venv-build
+$(BUILD_VENV)/.stamp:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check build
+	touch $@
+dist: $(BUILD_VENV)/.stamp
+	rm -rf dist
+	$(BUILD_VENV)/bin/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache build dist *.egg-info

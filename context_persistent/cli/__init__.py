@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .. import __version__
 from ..errors import ContextPersistentError
 
 #: Command modules, in the order their commands appear in ``--help``.
@@ -78,6 +79,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="context-persistent", description=__doc__.splitlines()[0] if __doc__ else None,
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = common_parser()
     for name in COMMAND_MODULES:
