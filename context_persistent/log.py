@@ -29,9 +29,9 @@ from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs,
 
 FSYNC_MODES = ("always", "batch", "never")
 
-#: With ``reserve_tail`` (and ``fsync="always"``) the writer keeps this much space allocated ahead of its data (at least), so that a
-#: durable append does not change the file's size: an fdatasync that has no size to commit costs a quarter
-#: to a third less on ext4 here (docs/format.md, "The reserved tail"; docs/performance.md).
+#: With ``reserve_tail`` (and ``fsync="always"``) the writer keeps this much space allocated ahead of its data
+#: (at least), so that a durable append does not change the file's size: an fdatasync that has no size to
+#: commit costs a quarter to a third less on ext4 here (docs/format.md, "The reserved tail"; docs/performance.md).
 RESERVE = 64 << 10
 RESERVE_MAX = 1 << 20
 

@@ -1,7 +1,7 @@
 """The reserved tail: with reserve_tail=True (opt-in) and fsync="always" the writer keeps NUL bytes written
 ahead of its data (log.RESERVE..RESERVE_MAX), so a durable append does not change the file's size. By default
-(reserve_tail=False) the live file is plain JSONL at every instant, and a crashed reserving writer's log opens. Every reader ends the log at its data
-(log.data_end); a crashed writer's NUL tail is free space, not a torn tail; bytes inside it are; NULs in the
+(reserve_tail=False) the live file is plain JSONL at every instant, and a crashed reserving writer's log opens.
+Every reader ends the log at its data (log.data_end); a crashed writer's NUL tail is free space, not a torn tail; bytes inside it are; NULs in the
 middle of the log are still corruption; close leaves exactly the records."""
 
 from __future__ import annotations
