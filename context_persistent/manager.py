@@ -228,6 +228,10 @@ class PersistentContextManager:
             cfg["backend"] = "postgres"  # a dsn alone selects the postgres backend
         if cfg["backend"] not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {cfg['backend']!r}")
+        if cfg["reserve_tail"] and (cfg["fsync"] != "always" or cfg["backend"] != "file"):
+            raise ValueError(f"reserve_tail applies to the file backend with fsync='always' only; got "
+                             f"backend={cfg['backend']!r}, fsync={cfg['fsync']!r} (docs/format.md, "
+                             "'The reserved tail')")
         if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
             raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
         if cfg["backend"] == "postgres":

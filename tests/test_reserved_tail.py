@@ -1,8 +1,9 @@
 """The reserved tail: with reserve_tail=True (opt-in) and fsync="always" the writer keeps NUL bytes written
 ahead of its data (log.RESERVE..RESERVE_MAX), so a durable append does not change the file's size. By default
 (reserve_tail=False) the live file is plain JSONL at every instant, and a crashed reserving writer's log opens.
-Every reader ends the log at its data (log.data_end); a crashed writer's NUL tail is free space, not a torn tail; bytes inside it are; NULs in the
-middle of the log are still corruption; close leaves exactly the records."""
+Every reader ends the log at its data (log.data_end); a crashed writer's NUL tail is free space, not a torn
+tail; bytes inside it are; NULs in the middle of the log are still corruption; close leaves exactly the
+records."""
 
 from __future__ import annotations
 
@@ -481,7 +482,10 @@ async def test_a_default_writer_opens_a_killed_reserving_writers_log_and_drops_i
     assert await reopened_messages(storage) == expected + [msg(100)]
 
 
-async def test_reserve_tail_must_be_a_bool(storage: Path) -> None:
+async def test_reserve_tail_must_be_a_bool_and_needs_fsync_always_on_files(storage: Path) -> None:
     with pytest.raises(ValueError, match="reserve_tail must be true or false"):
         await open_store(storage, reserve_tail="yes")
+    for kw in ({"fsync": "batch"}, {"fsync": "never"}, {"backend": "postgres", "dsn": "postgresql://x@h/d"}):
+        with pytest.raises(ValueError, match="reserve_tail applies to the file backend with fsync='always' only"):
+            await open_store(storage, reserve_tail=True, **kw)
     assert not log_path(storage).exists()
