@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench bench-quick soak typecheck clean
+.PHONY: demo test test-fast bench bench-quick soak typecheck dist clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## demo: a scripted agent session that is killed mid-session, resumed, compacted and exported
-demo: $(STAMP)
-	$(VENV)/bin/context-persistent demo
+## (its own venv with the package alone, no extras; pip's output goes to a log shown only if it fails)
+DEMO_VENV := .venv-demo
+$(DEMO_VENV)/.stamp: pyproject.toml $(shell find context_persistent -name '*.py')
+	@rm -rf $(DEMO_VENV) && $(PYTHON) -m venv $(DEMO_VENV)
+	@echo "installing context-persistent into $(DEMO_VENV) (no extras)..."
+	@$(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check . > $(DEMO_VENV)/install.log 2>&1 \
+		|| { cat $(DEMO_VENV)/install.log; exit 1; }
+	@touch $@
+demo: $(DEMO_VENV)/.stamp
+	@$(DEMO_VENV)/bin/context-persistent demo
 
 ## test: the whole suite, slow crash tests included (what CI runs)
 test: $(STAMP)
@@ -39,5 +47,15 @@ soak: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+## dist: build the sdist and the wheel into dist/ (install with `pip install dist/*.whl`, see README)
+BUILD_VENV := .venv-build
+$(BUILD_VENV)/.stamp:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check build
+	touch $@
+dist: $(BUILD_VENV)/.stamp
+	rm -rf dist
+	$(BUILD_VENV)/bin/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(BUILD_VENV) $(DEMO_VENV) .pytest_cache build dist *.egg-info

@@ -188,10 +188,12 @@ def run(ctx: Ctx) -> list[Row]:
     for size in (300, 4096):
         msg = sized_message(size)
         line, data = _line(msg), orjson.dumps(msg).decode()
-        ours, floor, peer, raw = [], [], [], []  # per-round sample lists
+        ours, resv, floor, peer, raw = [], [], [], [], []  # per-round sample lists
         for r in range(ctx.rounds):
             ctx.log(f"append {size} B fsync=always round {r + 1}/{ctx.rounds}")
             ours.append(asyncio.run(add_latencies(ctx.tempdir("ours"), msg, n, fsync="always")))
+            resv.append(asyncio.run(add_latencies(ctx.tempdir("ours-r"), msg, n, fsync="always",
+                                                  reserve_tail=True)))
             floor.append(_floor_latencies(ctx.tempdir("floor"), line, n))
             if size == 300:
                 peer.append(asyncio.run(_sqlite_session_latencies(ctx.tempdir("peer"), msg, n)))
@@ -205,11 +207,19 @@ def run(ctx: Ctx) -> list[Row]:
         rows.append(compare(GROUP, f"add_message fsync=always {size} B p99", p99,
                             [percentile(x, 99) for x in floor], unit="µs",
                             ref_name="floor: os.write+fdatasync per record"))
+        # The opt-in reserved tail (docs/format.md): the same appends over zeros written ahead of the data.
+        for pct in (50, 99):
+            rows.append(compare(GROUP, f"add_message fsync=always reserve_tail {size} B p{pct}",
+                                [percentile(x, pct) for x in resv], [percentile(x, pct) for x in floor],
+                                unit="µs", ref_name="floor: os.write+fdatasync per record"))
         if size == 300:
             rows.append(compare(GROUP, "fsync=always 300 B p50: SQLiteSession.add_items / ours", p50,
                                 [percentile(x, 50) for x in peer], unit="µs", invert=True, target=">= 2",
                                 ref_name="openai-agents SQLiteSession (WAL, FULL)",
                                 extra={"pragmas": pragmas}))
+            rows.append(compare(GROUP, "fsync=always reserve_tail 300 B p50: SQLiteSession.add_items / ours",
+                                [percentile(x, 50) for x in resv], [percentile(x, 50) for x in peer], unit="µs",
+                                invert=True, ref_name="openai-agents SQLiteSession (WAL, FULL)"))
             rows.append(compare(GROUP, "fsync=always 300 B p50: sqlite3 commit per row / ours", p50,
                                 [percentile(x, 50) for x in raw], unit="µs", invert=True,
                                 ref_name="sqlite3 WAL synchronous=FULL"))

@@ -16,7 +16,9 @@ t = time.perf_counter()
 import context_persistent
 result = {"seconds": time.perf_counter() - t}
 reg = sys.modules.get("tiktoken.registry")
-result["encodings_loaded"] = len(getattr(reg, "ENCODINGS", {})) if reg else 0
+tok = sys.modules.get("context_persistent.tokens")
+result["encodings_loaded"] = ((len(getattr(reg, "ENCODINGS", {})) if reg else 0)
+                              + (len(tok.TokenCounter._cache) if tok else 0))
 """ + CHILD_REPORT
 
 FLOOR = """
@@ -28,9 +30,9 @@ result = {"seconds": time.perf_counter() - t}
 
 ENCODING = """
 import time, tiktoken
-from context_persistent.tokens import DEFAULT_ENCODING
+from context_persistent.tokens import TokenCounter
 t = time.perf_counter()
-tiktoken.get_encoding(DEFAULT_ENCODING)
+TokenCounter().count_text("")  # loads the default encoding from its bundled file
 result = {"seconds": time.perf_counter() - t}
 """ + CHILD_REPORT
 

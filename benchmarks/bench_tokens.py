@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-from context_persistent.tokens import DEFAULT_ENCODING, message_text
+from context_persistent.tokens import DEFAULT_ENCODING, TokenCounter, message_text
 
 from ._harness import Ctx, Row, compare, info, median
 from .workloads import agent_mix, write_session
@@ -46,12 +46,11 @@ def _floor(enc: Any, texts: list[str]) -> tuple[float, int]:
 
 
 def run(ctx: Ctx) -> list[Row]:
-    import tiktoken
-
     ctx.defaults(quick={"tokens_messages": 400}, full={"tokens_messages": 3000})
     msgs = agent_mix(ctx.size("tokens_messages"))
     texts = [message_text(m) for m in msgs]
-    enc = tiktoken.get_encoding(DEFAULT_ENCODING)  # cached by tiktoken: our counter finds it loaded
+    TokenCounter().count_text("")  # load the encoding once: every counter in this process shares it
+    enc = TokenCounter._cache[DEFAULT_ENCODING]
     folder = ctx.tempdir("tokens")
     ours, again, floor = [], [], []
     totals: tuple[int, int] = (0, 0)

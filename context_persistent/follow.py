@@ -80,7 +80,7 @@ class _Cursor:
             raw = os.pread(fd, min(want, self._limit), self.offset)
         finally:
             os.close(fd)
-        # A writer with fsync="always" keeps NUL bytes reserved after its data (log.data_end): they end it.
+        # A reserve_tail writer keeps NUL bytes reserved after its data (log.data_end): they end it.
         data = raw.rstrip(b"\0") if raw.endswith(b"\0") else raw
         data_end = st.st_size if len(data) == len(raw) else self.offset + len(data)
         more = len(raw) < want and data_end == st.st_size  # more of the file than this read holds

@@ -5,9 +5,11 @@ caller's thread, in every fsync mode: a thread hop costs more than the sync itse
 0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
 ``fsync="batch"`` callers that arrive during a sync simply join the next group.
 
-With ``fsync="always"`` records are written with ``pwrite`` at the data end, over NUL bytes written ahead of
-time (the reserved tail, ``RESERVE``), so the ``fdatasync`` has no new file size to commit; every reader ends
-the data at the last non-NUL byte (``data_end``), and ``close`` truncates the zeros (docs/format.md).
+By default every record is a plain append at the end of the file, so the live file is valid JSONL at every
+instant. With ``reserve_tail=True`` (opt-in, ``fsync="always"`` only) records are written with ``pwrite`` at
+the data end, over NUL bytes written ahead of time (the reserved tail, ``RESERVE``), so the ``fdatasync`` has
+no new file size to commit; every reader ends the data at the last non-NUL byte (``data_end``), and ``close``
+truncates the zeros (docs/format.md). Logs written either way are read the same way.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs,
 
 FSYNC_MODES = ("always", "batch", "never")
 
-#: With ``fsync="always"`` the writer keeps this much space allocated ahead of its data (at least), so that a
-#: durable append does not change the file's size: an fdatasync that has no size to commit costs a quarter
-#: to a third less on ext4 here (docs/format.md, "The reserved tail"; docs/performance.md).
+#: With ``reserve_tail`` (and ``fsync="always"``) the writer keeps this much space allocated ahead of its data
+#: (at least), so that a durable append does not change the file's size: an fdatasync that has no size to
+#: commit costs a quarter to a third less on ext4 here (docs/format.md, "The reserved tail"; docs/performance.md).
 RESERVE = 64 << 10
 RESERVE_MAX = 1 << 20
 
@@ -203,7 +205,7 @@ class FileEventLog:
     """
 
     def __init__(self, directory: Path, session_id: str, *, readonly: bool = False, fsync: str = "always",
-                 create: bool = True) -> None:
+                 create: bool = True, reserve_tail: bool = False) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {fsync!r}")
         self.directory = directory
@@ -219,9 +221,9 @@ class FileEventLog:
         self._lock: FileLock | None = None
         self._fd = -1
         self.size = 0
-        #: The file's size: ``size`` plus the reserved tail (NUL bytes) while ``fsync="always"`` reserves.
+        #: The file's size: ``size`` plus the reserved tail (NUL bytes) while the writer reserves.
         self._reserved = 0
-        self._reserving = fsync == "always"
+        self._reserving = reserve_tail and fsync == "always"
         self._lines = 0
         #: Set when a failed write could not be rolled back: appends are refused until the log is reopened.
         self._broken: OSError | None = None
@@ -246,6 +248,12 @@ class FileEventLog:
                 fsync_dir(directory)
             self._reserved = os.fstat(self._fd).st_size
             self.size = data_end(self._fd, self._reserved)
+            if self._reserved > self.size and not self._reserving:
+                # A reserved tail left by a writer that crashed: without reserving, the live file ends with its
+                # last record from the start (plain JSONL), so cut the zeros now rather than at the first append.
+                os.ftruncate(self._fd, self.size)
+                os.fdatasync(self._fd)
+                self._reserved = self.size
         except BaseException as e:
             self._release()
             if isinstance(e, OSError):

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
 from .replay import COMPLETE, HELD, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
-from .tokens import DEFAULT_ENCODING, TokenCounter
+from .tokens import DEFAULT_ENCODING, TokenCounter, resolve_tokenizer
 from .views import conversation_view, reasoning_view
 
 if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `import context_persistent` stays cheap
@@ -39,6 +40,7 @@ EVENT_TRANSCRIPT_IGNORED = "context:transcript_ignored"
 #: Every configuration key the store understands, with its default (see docs/configuration.md).
 DEFAULTS: dict[str, Any] = {
     "fsync": "always",
+    "reserve_tail": False,
     "tokenizer": DEFAULT_ENCODING,
     "max_tokens": 200_000,
     "safety_margin": 1000,
@@ -66,7 +68,8 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
         return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
                                            readonly=readonly, create=create)
     return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
-                        fsync=cfg.get("fsync", "always"), create=create)
+                        fsync=cfg.get("fsync", "always"), create=create,
+                        reserve_tail=cfg.get("reserve_tail", False))
 
 
 #: Keys validated and used by the compaction layer (docs/compaction.md, docs/configuration.md).
@@ -172,6 +175,11 @@ class PersistentContextManager:
         #: Stats of the last compaction that changed the view (for stats() and the CLI).
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
+        #: ``compacted`` audit records made by request views: a read never writes or syncs, so they wait here
+        #: and go out in the same write as the next appended event (or at close; docs/compaction.md).
+        self._deferred: list[tuple[str, Any, bytes]] = []
+        #: (budget, warning with its numbers blanked) already logged: a view warning is said once, not per request.
+        self._warned: set[tuple[int, str]] = set()
         #: Checkpoints (checkpoint.py): resume from one at open, write one every checkpoint_every events.
         from .checkpoint import Checkpointer, checkpoint_store_for
 
@@ -225,12 +233,11 @@ class PersistentContextManager:
         cfg = {**DEFAULTS, **config}
         if cfg["fsync"] not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {cfg['fsync']!r}")
-        if cfg["tokenizer"] is not None and not isinstance(cfg["tokenizer"], str):
-            raise ValueError(f"tokenizer must be a tiktoken encoding name or 'chars/4', got {cfg['tokenizer']!r}")
+        resolve_tokenizer(cfg["tokenizer"])  # ValueError naming what is allowed
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
-        for flag in ("recognise_replay", "copy_request_view", "export_on_compact"):
+        for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
@@ -241,6 +248,10 @@ class PersistentContextManager:
             cfg["backend"] = "postgres"  # a dsn alone selects the postgres backend
         if cfg["backend"] not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {cfg['backend']!r}")
+        if cfg["reserve_tail"] and (cfg["fsync"] != "always" or cfg["backend"] != "file"):
+            raise ValueError(f"reserve_tail applies to the file backend with fsync='always' only; got "
+                             f"backend={cfg['backend']!r}, fsync={cfg['fsync']!r} (docs/format.md, "
+                             "'The reserved tail')")
         if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
             raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
         if cfg["backend"] == "postgres":
@@ -361,6 +372,9 @@ class PersistentContextManager:
             # The file backend's append does not suspend here, so no other commit can interleave.
             seq = self._state.head_seq + 1
             ts = codec.now_iso()
+            if self._deferred:  # audit records of earlier request views ride along in this write
+                await self._commit_with_deferred([(type_, data, data_json)])
+                return
             log = self._log
             await log.append((codec.encode(seq, type_, data_json, ts, log.last_crc or self._root),), seq)
             self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
@@ -369,6 +383,36 @@ class PersistentContextManager:
             self._after_append()
             return
         await self._enqueue(type_, data, data_json)
+
+    def _encode_run(self, first: int, events: list[tuple[str, bytes]], ts: str) -> list[bytes]:
+        """Records for ``events`` (type, data JSON) from seq ``first`` on, each naming the one before it."""
+        prev = self._log.last_crc or self._root
+        lines = []
+        for seq, (type_, data_json) in enumerate(events, first):
+            line = codec.encode(seq, type_, data_json, ts, prev)
+            lines.append(line)
+            prev = line[-11:-3]  # (codec.crc_of, inlined: this is the group-commit path)
+        return lines
+
+    async def _commit_with_deferred(self, events: list[tuple[str, Any, bytes]]) -> None:
+        """Append the deferred audit records and ``events`` in one write (inline appends only).
+
+        If the write fails, nothing was applied and the audit records stay deferred for the next append.
+        """
+        deferred, self._deferred = self._deferred, []
+        batch = deferred + events
+        first = self._state.head_seq + 1
+        ts = codec.now_iso()
+        try:
+            await self._log.append(self._encode_run(first, [(t, dj) for t, _, dj in batch], ts), first)
+        except BaseException:
+            self._deferred = deferred + self._deferred
+            raise
+        for seq, (t, d, _) in enumerate(batch, first):
+            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
+            if t != ev.MESSAGE_ADDED and t not in ev.AUDIT_EVENTS:
+                self._epoch += 1
+        self._after_append()
 
     def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[None]:
         """Queue an event for the next group commit; the future is done once it is durable and applied.
@@ -391,22 +435,22 @@ class PersistentContextManager:
         """
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                pending, self._pending = self._pending, []
+                deferred, self._deferred = self._deferred, []
+                # audit records of earlier request views (no caller waits on them) go out with this group
+                batch: list[tuple[str, Any, bytes, asyncio.Future[None] | None]] = [
+                    (t, d, dj, None) for t, d, dj in deferred]
+                batch += pending
                 state = self._state
                 first = state.head_seq + 1
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
                 try:
-                    encode = codec.encode
-                    prev = self._log.last_crc or self._root
-                    lines = []
-                    for seq, (type_, _, data_json, _) in enumerate(batch, first):
-                        line = encode(seq, type_, data_json, ts, prev)
-                        lines.append(line)
-                        prev = line[-11:-3]  # (codec.crc_of: each record names the one before it)
+                    lines = self._encode_run(first, [(type_, data_json) for type_, _, data_json, _ in batch], ts)
                     await self._log.append(lines, first)
                 except Exception as e:  # nothing of this group was applied: each of its callers gets the error
+                    self._deferred = deferred + self._deferred
                     for *_, fut in batch:
-                        if not fut.done():
+                        if fut is not None and not fut.done():
                             fut.set_exception(e)
                     continue
                 apply = state.apply
@@ -414,7 +458,7 @@ class PersistentContextManager:
                     apply({"seq": seq, "ts": ts, "type": type_, "data": data})
                     if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
-                    if not fut.done():  # (a cancelled caller's record is written all the same)
+                    if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)
                         fut.set_result(None)
                 self._after_append()
         finally:
@@ -743,7 +787,10 @@ class PersistentContextManager:
         base = anchor(view, messages, tokens, cfg, self._counter.count_message, history_tokens=total)
         self._view_cache = (version, budget, self._epoch, base, view)
         if stats.get("warning"):
-            logger.warning("session %s: request view: %s", self.session_id, stats["warning"])
+            said = (budget, re.sub(r"\d[\d,]*", "N", stats["warning"]))
+            level = logging.DEBUG if said in self._warned else logging.WARNING  # once per budget and kind
+            self._warned.add(said)
+            logger.log(level, "session %s: request view: %s", self.session_id, stats["warning"])
         if over or view.compacted:
             await self._emit(EVENT_POST_COMPACT, {**event_base, **stats})
         if view.compacted:
@@ -803,10 +850,11 @@ class PersistentContextManager:
         return [i for i, k in enumerate(keys) if k in state.pinned]
 
     async def _record_compaction(self, stats: dict[str, Any]) -> None:
-        """Append a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
+        """Record a ``compacted`` audit event (what the view left out, and why), for `stats` and operators.
 
-        Written only when a compaction changed the view; the hysteresis makes that rare. A failure to write it
-        is logged and never breaks the request.
+        Made only when a compaction changed the view. A request view is a read: it does not write or sync, so
+        the record waits in memory and is appended in the same write as the next event (a message, a pin, ...)
+        or at close. A crash before then loses the audit record only, never history (docs/compaction.md).
         """
         if self._readonly or self._closed:
             return
@@ -815,10 +863,7 @@ class PersistentContextManager:
             "after_messages", "groups_dropped", "outputs_masked", "truncated", "summarized", "warning")}
         if "window" in stats:
             record.update(before_tokens_exact=False, window=stats["window"])
-        try:
-            await self._commit(ev.COMPACTED, record)
-        except Exception as e:
-            logger.warning("session %s: could not record the compaction audit event: %s", self.session_id, e)
+        self._deferred.append((ev.COMPACTED, record, codec.dumps(record)))
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most
@@ -884,7 +929,9 @@ class PersistentContextManager:
             "tokens": sum(self._token_counts()),
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
+            "tokenizer_requested": self._counter.asked,
             "fsync": self._fsync,
+            "reserve_tail": self.config["reserve_tail"],
             "loaded_from_file": self._loaded_from_file,
             "last_compaction": None if self.last_compaction is None else {
                 k: self.last_compaction.get(k) for k in (
@@ -970,11 +1017,33 @@ class PersistentContextManager:
             await self._write_held()  # a partial replay is kept: duplicates are better than loss
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
+        if self._deferred and not self._readonly:
+            try:  # the audit records of the last request views (close syncs the log)
+                await self._commit_deferred_at_close()
+            except Exception as e:
+                logger.warning("session %s: could not record %d compaction audit event(s): %s", self.session_id,
+                               len(self._deferred), e)
         self._closed = True
         try:
             await self._checkpoints.close(self._state, self._log, self._tokenizer_name)
         finally:
             await self._log.close()
+
+    async def _commit_deferred_at_close(self) -> None:
+        if self._inline_appends:
+            await self._commit_with_deferred([])
+            return
+        deferred, self._deferred = self._deferred, []
+        first = self._state.head_seq + 1
+        ts = codec.now_iso()
+        try:
+            await self._log.append([codec.encode(seq, t, dj, ts) for seq, (t, _, dj) in enumerate(deferred, first)],
+                                   first)
+        except BaseException:
+            self._deferred = deferred
+            raise
+        for seq, (t, d, _) in enumerate(deferred, first):
+            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
 
     async def __aenter__(self) -> "PersistentContextManager":
         return self

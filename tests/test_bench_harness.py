@@ -28,6 +28,8 @@ EXPECTED = {
     "append": ["add_message fsync=always 300 B p50", "add_message fsync=always 300 B p99",
                "fsync=always 300 B p50: SQLiteSession.add_items / ours", "fsync=always 300 B p50: sqlite3",
                "add_message fsync=always 4096 B p50", "add_message fsync=always 4096 B p99",
+               "add_message fsync=always reserve_tail 300 B p50", "add_message fsync=always reserve_tail 4096 B p99",
+               "fsync=always reserve_tail 300 B p50: SQLiteSession.add_items / ours",
                "add_message fsync=batch, 64 producers", "fsync=batch, 64 producers: ours vs SQLiteSession",
                "fsync=batch, 64 producers: ours vs sqlite3", "add_message fsync=never"],
     "replay": ["open+replay 50 x 300 B, no checkpoint", "open 50 x 300 B from a checkpoint",

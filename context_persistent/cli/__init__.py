@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from .. import __version__
 from ..errors import ContextPersistentError
 
 #: Command modules, in the order their commands appear in ``--help``.
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="context-persistent", description=__doc__.splitlines()[0] if __doc__ else None,
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(parser, None)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = common_parser()
     for name in COMMAND_MODULES:
