@@ -1037,8 +1037,7 @@ class PersistentContextManager:
         first = self._state.head_seq + 1
         ts = codec.now_iso()
         try:
-            await self._log.append([codec.encode(seq, t, dj, ts) for seq, (t, _, dj) in enumerate(deferred, first)],
-                                   first)
+            await self._log.append(self._encode_run(first, [(t, dj) for t, _, dj in deferred], ts), first)
         except BaseException:
             self._deferred = deferred
             raise
