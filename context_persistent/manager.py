@@ -18,7 +18,7 @@ from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
-from .replay import COMPLETE, HELD, ReplayRecogniser
+from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, TokenCounter
 from .views import conversation_view, reasoning_view
@@ -43,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "max_tokens": 200_000,
     "safety_margin": 1000,
     "checkpoint_every": 10_000,
-    "recognise_replay": True,
+    "recognise_replay": False,  # the Amplifier mount turns it on (mount.py)
     "copy_request_view": False,
     "export_on_compact": False,
     "export_on_compact_every": 100,
@@ -149,7 +149,7 @@ class PersistentContextManager:
         self._readonly = log.readonly
         self._closed = False
         self._loaded_from_file = False
-        self._pending: list[tuple[str, Any, bytes, asyncio.Future[None]]] = []
+        self._pending: list[tuple[str, Any, bytes, asyncio.Future[int]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
         self._replay: ReplayRecogniser | None = None
@@ -329,8 +329,8 @@ class PersistentContextManager:
         if self._readonly:
             raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
 
-    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> None:
-        """Append one event and apply it once it is durable (per the fsync policy)."""
+    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> int:
+        """Append one event and apply it once it is durable (per the fsync policy); returns its seq."""
         self._check_writable()
         if data_json is None:
             data_json = codec.dumps(data)
@@ -343,17 +343,17 @@ class PersistentContextManager:
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
             self._after_append()
-            return
-        await self._enqueue(type_, data, data_json)
+            return seq
+        return await self._enqueue(type_, data, data_json)
 
-    def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[None]:
+    def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[int]:
         """Queue an event for the next group commit; the future is done once it is durable and applied.
 
         A plain method returning the future (not a coroutine): ``add_message`` awaits it directly, one
         coroutine frame less per message. Each caller has its own future: a future shared by the group would
         be cancelled for all of them when one caller is cancelled.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((type_, data, data_json, fut))
         if self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_pending())
@@ -387,7 +387,7 @@ class PersistentContextManager:
                     if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
                     if not fut.done():  # (a cancelled caller's record is written all the same)
-                        fut.set_result(None)
+                        fut.set_result(seq)
                 self._after_append()
         finally:
             self._flush_task = None
@@ -399,8 +399,9 @@ class PersistentContextManager:
     async def add_message(self, message: dict[str, Any]) -> None:
         """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid.
 
-        Right after a resume, messages that replay the loaded history are recognised and not stored twice
-        (see replay.py and docs/resume.md).
+        Every call that returns has written its message. With ``recognise_replay`` (the Amplifier mount), a
+        host replaying the loaded history right after a resume is recognised and the repetition folded out
+        of the views by a later event (see replay.py and docs/resume.md).
         """
         self._check_writable()
         msg_json = ev.validate_message(message)
@@ -408,39 +409,40 @@ class PersistentContextManager:
         # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
         stored = _copy(message)
         replay = self._replay
-        if replay is not None:
-            verdict = replay.offer(stored, msg_json)
-            if verdict == HELD:
-                return
+        if replay is not None and replay.complete:
+            # The next message after a complete replay confirms it: fold the repetition out, then go on.
             self._replay = None
-            if verdict == COMPLETE:
-                payload = b"[" + b",".join(j for _, j in replay.held) + b"]"
-                await self._commit(ev.REPLAY_RECOGNISED, {"count": len(replay.held), "digest": ev.digest(payload)})
-                logger.info("session %s: %d add_message calls replayed the loaded history; not stored twice",
-                            self.session_id, len(replay.held))
-                return
-            await self._write_held(replay)
-            self._check_writable()  # (the store may have been closed meanwhile)
+            await self._commit_replay(replay)
+            replay = None
         data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
-        if self._inline_appends:
-            await self._commit(ev.MESSAGE_ADDED, data, data_json)
-        else:
-            await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+        if replay is None:
+            if self._inline_appends:
+                await self._commit(ev.MESSAGE_ADDED, data, data_json)
+            else:
+                await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+            return
+        seq = await self._commit(ev.MESSAGE_ADDED, data, data_json)
+        if self._replay is replay and stored.get("role") not in TRANSCRIPT_SKIPS:
+            if replay.offer(stored, make_key(seq), msg_json) == MISMATCH:
+                self._replay = None
 
-    async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
-        """Write messages held by the replay recogniser: they turned out not to be a replay."""
-        replay = replay or self._replay
+    async def _commit_replay(self, replay: ReplayRecogniser) -> None:
+        """Write the ``replay_recognised`` event that folds a confirmed replay out of the views."""
+        payload = b"[" + b",".join(replay.digests) + b"]"
+        await self._commit(ev.REPLAY_RECOGNISED, {"count": len(replay.keys), "keys": list(replay.keys),
+                                                  "digest": ev.digest(payload)})
+        logger.info("session %s: %d add_message calls replayed the loaded history; folded out of the views",
+                    self.session_id, len(replay.keys))
+
+    def _end_replay(self) -> None:
+        """Any other write, a request for the model or close() ends a replay recognition (nothing is held)."""
         self._replay = None
-        if replay is not None:
-            for held, held_json in replay.held:
-                await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history, unless this store loaded its own log (the resume rule; see docs/resume.md)."""
         self._check_writable()
         parts = ev.validate_messages(messages)
-        if self._replay is not None and self._replay.held:
-            await self._write_held()
+        self._end_replay()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
@@ -457,7 +459,8 @@ class PersistentContextManager:
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart)."""
-        await self._write_held()
+        self._check_writable()
+        self._end_replay()
         await self._commit(ev.CLEARED, {})
 
     def _resolve_key(self, message_index: int | None, seq: int | None) -> int:
@@ -478,18 +481,18 @@ class PersistentContextManager:
 
     async def pin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Mark a message that compaction must always keep (survives restarts)."""
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.PINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def unpin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.UNPINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def redact(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Hide a message from every view and export (a tombstone event; the log keeps its bytes)."""
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
@@ -579,6 +582,7 @@ class PersistentContextManager:
         as read-only, or set ``copy_request_view: true`` to get deep copies (see docs/compaction.md).
         """
         self._check_open()
+        self._end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._request_view(budget, source)
         if self.config["copy_request_view"]:
@@ -823,8 +827,7 @@ class PersistentContextManager:
         """Flush and release the session (idempotent)."""
         if self._closed:
             return
-        if self._replay is not None and self._replay.held and not self._closed:
-            await self._write_held()  # a partial replay is kept: duplicates are better than loss
+        self._end_replay()  # an unconfirmed replay stays as written: duplicates are better than loss
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True

@@ -59,6 +59,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
                     "store %s (deleted at cleanup)", ephemeral)
     storage = ephemeral or storage_from(config)
     config.pop("storage_path", None)
+    # The host can replay a sub-session's transcript through add_message (docs/resume.md): recognise it here.
+    config.setdefault("recognise_replay", True)
     for key in sorted(set(config) - KNOWN_KEYS):
         logger.warning("context-persistent: ignoring unknown config key %r (known: %s)", key,
                        ", ".join(sorted(KNOWN_KEYS)))
