@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "safety_margin": 1000,
     "checkpoint_every": 10_000,
     "recognise_replay": False,  # the Amplifier mount turns it on (mount.py)
+    "resume_rule": "recognise",
     "copy_request_view": False,
     "export_on_compact": False,
     "export_on_compact_every": 100,
@@ -51,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "dsn": None,
     "pg_schema": None,
 }
+
+#: What set_messages does once the store loaded its own log (docs/resume.md).
+RESUME_RULES = ("recognise", "strict")
 
 #: Storage backends (docs/postgres.md): ``dsn`` falls back to $CONTEXT_PERSISTENT_DSN, ``pg_schema`` to
 #: $CONTEXT_PERSISTENT_PG_SCHEMA, then ``context_persistent``.
@@ -149,6 +153,8 @@ class PersistentContextManager:
         self._readonly = log.readonly
         self._closed = False
         self._loaded_from_file = False
+        #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
+        self._cleared_here = False
         self._pending: list[tuple[str, Any, bytes, asyncio.Future[int]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
@@ -214,6 +220,8 @@ class PersistentContextManager:
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
+        if cfg["resume_rule"] not in RESUME_RULES:
+            raise ValueError(f"resume_rule must be one of {', '.join(RESUME_RULES)}; got {cfg['resume_rule']!r}")
         from .compaction import CompactionConfig
 
         cfg["compaction"] = CompactionConfig.from_config(config)
@@ -438,30 +446,70 @@ class PersistentContextManager:
         """Any other write, a request for the model or close() ends a replay recognition (nothing is held)."""
         self._replay = None
 
-    async def set_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the history, unless this store loaded its own log (the resume rule; see docs/resume.md)."""
+    async def set_messages(self, messages: list[dict[str, Any]], *, reason: str | None = None) -> None:
+        """Replace the history, as the resume rule allows (docs/resume.md).
+
+        A fresh store, or one this process cleared, accepts it. A store that loaded its own log ignores (and
+        audits) a filtered transcript of its history and anything it does not recognise; it accepts the
+        host's repair (applied to the complete history) and an explicit replacement (``reason`` given, e.g.
+        ``reason="undo last turn"``). With ``resume_rule: strict`` it ignores every call once loaded.
+        """
         self._check_writable()
         parts = ev.validate_messages(messages)
+        if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+            raise ValueError(f"reason must be a non-empty string saying why the history is replaced, got {reason!r}")
         self._end_replay()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
-        if self._loaded_from_file:
-            info = {"count": len(parts), "digest": ev.digest(payload), "bytes": len(payload),
-                    "reason": "the store loaded its own log, which is authoritative"}
-            logger.info("session %s: set_messages with %d messages ignored (%s)", self.session_id,
-                        len(parts), info["reason"])
-            await self._commit(ev.TRANSCRIPT_IGNORED, info)
-            await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
+        if not self._loaded_from_file or self._cleared_here:
+            why = reason or ("after clear() in this process" if self._cleared_here else None)
+            await self._replace(payload, why)
             return
-        await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
-                           b'{"messages":%s}' % payload)
+        if self.config["resume_rule"] == "strict":
+            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+                               "which is authoritative")
+            return
+        if reason is not None:
+            await self._replace(payload, reason)
+            return
+        from .resume import FILTERED, REPAIR, classify
+
+        kind, merged = classify(self._full().messages, orjson.loads(payload))
+        if kind == REPAIR:
+            assert merged is not None
+            merged_payload = b"[" + b",".join(codec.dumps(m) for m in merged) + b"]"
+            logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
+                           self.session_id, len(self._state.messages), len(merged))
+            await self._replace(merged_payload, REPAIR)
+            return
+        if kind == FILTERED:
+            await self._ignore(len(parts), payload, FILTERED, "a filtered transcript of the history the store "
+                               "loaded from its own log, which is authoritative")
+        else:
+            await self._ignore(len(parts), payload, kind, "neither a filtered transcript, a repair of the history "
+                               "nor an explicit replacement (pass reason=...); the store's own log is kept")
+
+    async def _replace(self, payload: bytes, reason: str | None) -> None:
+        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        data_json = b'{"messages":%s}' % payload
+        if reason is not None:
+            data["reason"] = reason
+            data_json = b'{"messages":%s,"reason":%s}' % (payload, codec.dumps(reason))
+        await self._commit(ev.MESSAGES_REPLACED, data, data_json)
+
+    async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
+        info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
+        logger.info("session %s: set_messages with %d messages ignored (%s)", self.session_id, count, reason)
+        await self._commit(ev.TRANSCRIPT_IGNORED, info)
+        await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart)."""
         self._check_writable()
         self._end_replay()
         await self._commit(ev.CLEARED, {})
+        self._cleared_here = True
 
     def _resolve_key(self, message_index: int | None, seq: int | None) -> int:
         if (message_index is None) == (seq is None):
