@@ -520,13 +520,13 @@ class PersistentContextManager:
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
+        if self._loaded_from_file and self.config["resume_rule"] == "strict":
+            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+                               "which is authoritative")
+            return
         if not self._loaded_from_file or self._cleared_here:
             why = reason or ("after clear() in this process" if self._cleared_here else None)
             await self._replace(payload, why)
-            return
-        if self.config["resume_rule"] == "strict":
-            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
-                               "which is authoritative")
             return
         if reason is not None:
             await self._replace(payload, reason)
