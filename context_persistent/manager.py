@@ -322,7 +322,8 @@ class PersistentContextManager:
     # -- properties ---------------------------------------------------------------------------------
     @property
     def loaded_from_file(self) -> bool:
-        """True when the log held history (a message, a replacement or a clear) when this store opened.
+        """True when the log held history (a message, a replacement, a clear or a system prompt) when this store
+        opened.
 
         A log that exists but holds only ``session_started`` counts as fresh (False): there is nothing of
         ours to protect, so ``set_messages`` is accepted. A log that was cleared counts as loaded (True): the
