@@ -19,14 +19,15 @@ REPLAY_RECOGNISED: Final = "replay_recognised"
 LOG_REPAIRED: Final = "log_repaired"
 COMPACTED: Final = "compacted"
 SEMANTIC_REPAIRED: Final = "semantic_repaired"
+SYSTEM_PROMPT_SET: Final = "system_prompt_set"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET}
 )
-#: Audit events: recorded for operators, they change no view.
-AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED,
-                                  SEMANTIC_REPAIRED})
+#: Audit events: recorded for operators, they change no view. (``replay_recognised`` changes the views when
+#: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)
+AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED})
 
 _SHALLOW: Final = 2 * MAX_DEPTH
 

@@ -178,6 +178,15 @@ class LazyList:
         self._tail.append(value)
 
     def __delitem__(self, i: Any) -> None:
+        if self._full is None and type(i) is slice and i.step is None and i.stop is None:
+            start = i.start if i.start is not None else 0
+            n = len(self)
+            j = start + n if start < 0 else start
+            if self._bulk.n <= j <= n:  # only items appended since the open: no need to load the rest
+                del self._tail[j - self._bulk.n:]
+                if self.system_indices is not None:
+                    self.system_indices[:] = [k for k in self.system_indices if k < j]
+                return
         del self._all()[i]
 
     def __iter__(self) -> Iterator[Any]:
@@ -281,6 +290,16 @@ class Projection:
             else:
                 del self.messages[i], self.keys[i], self.tokens[i]
                 self.pinned.discard(key)
+        elif kind == ev.REPLAY_RECOGNISED and "keys" in data:
+            # The newest messages repeated the loaded history (replay.py): out of the views, kept in the log.
+            keys = data["keys"]
+            n = len(keys) if type(keys) is list else 0
+            if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
+                raise ValueError("data.keys must name the newest messages of the history, in order")
+            del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
+            self.pinned.difference_update(keys)
+        elif kind == ev.SYSTEM_PROMPT_SET:
+            self._set_system_prompt(seq, data["messages"])
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -290,6 +309,38 @@ class Projection:
             raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
+
+    def leading_system_count(self) -> int:
+        """How many ``system`` messages open the history (the system prompt; a lazy list reads no others)."""
+        messages = self.messages
+        system = getattr(messages, "system_indices", None) if type(messages) is LazyList else None
+        n = 0
+        if system is not None:
+            for i in system:
+                if i != n or messages[i].get("role") != "system":
+                    break
+                n += 1
+            return n
+        for m in messages:
+            if m.get("role") != "system":
+                break
+            n += 1
+        return n
+
+    def _set_system_prompt(self, seq: int, new: Any) -> None:
+        """``system_prompt_set``: the leading system messages become ``new`` (keys ``seq << 20 | i``)."""
+        if type(new) is not list or not new or any(type(m) is not dict or m.get("role") != "system" for m in new):
+            raise TypeError("data.messages is not a non-empty list of system messages")
+        n = self.leading_system_count()
+        self.pinned.difference_update(self.keys[i] for i in range(n))
+        if n == len(new):  # the usual change: same positions, replaced in place (a lazy list stays lazy)
+            for i, m in enumerate(new):
+                self.messages[i], self.keys[i], self.tokens[i] = m, make_key(seq, i), None
+        else:
+            self.messages = [*new, *self.messages[n:]]
+            self.keys = [*(make_key(seq, i) for i in range(len(new))), *self.keys[n:]]
+            self.tokens = [*([None] * len(new)), *self.tokens[n:]]
+        self.has_history = True
 
     def index_of(self, key: int) -> int | None:
         keys = self.keys

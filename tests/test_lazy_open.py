@@ -184,10 +184,11 @@ async def test_a_replayed_transcript_is_recognised_on_a_lazy_store(storage: Path
         transcript = [m for m in _fold(storage).messages if m["role"] != "system"]
         for m in transcript:
             await store.add_message(m)
+        await store.add_message({"role": "user", "content": "the new instruction"})  # confirms the replay
         head = store.head_seq
     async with await _open(storage) as store:
         assert store.head_seq == head and await store.get_messages() == _fold(storage).messages
-        assert len(await store.get_messages()) == 4801  # nothing stored twice
+        assert len(await store.get_messages()) == 4802  # nothing shown twice
 
 
 async def test_a_readonly_store_opens_lazily_too(storage: Path) -> None:
@@ -355,3 +356,49 @@ def test_the_projection_knows_the_same_system_roles_as_grouping() -> None:
     from context_persistent import grouping, projection
 
     assert frozenset(projection.SYSTEM_ROLES) == grouping.SYSTEM_ROLES
+
+
+async def test_the_system_prompt_factory_keeps_a_lazy_store_lazy(storage: Path) -> None:
+    """The host's factory runs before the first request: the same prompt writes nothing, a changed one replaces
+    the leading system message in place; neither loads the history, and the views match a whole load."""
+    await _long_session(storage, max_tokens=10_000)
+    for text in ("You are helpful.", "You are terse."):
+        lazy, eager = await _pair(storage, max_tokens=10_000)
+        try:
+            for store in (lazy, eager):
+                async def factory(text: str = text) -> str:
+                    return text
+                await store.set_system_prompt_factory(factory)
+            before = lazy._state.counts.get("system_prompt_set", 0)
+            view = await lazy.get_messages_for_request(token_budget=8_000)
+            assert lazy._state.is_lazy, "the system prompt loaded the whole history"
+            assert view == await eager.get_messages_for_request(token_budget=8_000)
+            assert view[0] == {"role": "system", "content": text}
+            assert [m["content"] for m in view if m["role"] == "system"] == [text]
+            written = lazy._state.counts.get("system_prompt_set", 0) - before
+            assert written == (0 if text == "You are helpful." else 1)
+        finally:
+            await lazy.close()
+            await eager.close()
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage).messages
+        assert (await store.get_messages())[0] == {"role": "system", "content": "You are terse."}
+
+
+def test_a_replay_fold_on_a_lazy_projection_loads_nothing() -> None:
+    """replay_recognised removes the newest messages: on a lazy projection they are all in memory."""
+    loads = []
+    base = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+    def loader() -> tuple[list[Any], list[Any], list[Any]]:
+        loads.append(1)
+        return list(base), [1 << 20, 2 << 20, 3 << 20], [None, None, None]
+
+    meta = {"pinned": [], "head_seq": 3, "has_history": True, "session": {}, "counts": {}}
+    p = Projection.lazy(meta, 3, {0: (base[0], 1 << 20, None)}, [0], loader)
+    p.apply({"seq": 4, "type": "message_added", "data": {"message": {"role": "system", "content": "S2"}}})
+    p.apply({"seq": 5, "type": "message_added", "data": {"message": base[1]}})
+    p.apply({"seq": 6, "type": "replay_recognised", "data": {"count": 2, "keys": [4 << 20, 5 << 20]}})
+    assert not loads and p.is_lazy and len(p.messages) == 3
+    assert p.messages.system_indices == [0]  # type: ignore[attr-defined]
+    assert list(p.messages) == base and loads == [1]
