@@ -101,8 +101,13 @@ class FileLock:
                 raise SessionLockedError(session_id, _read_lock_pid(path), f"({path})") from None
             raise
         pid = str(os.getpid()).encode()
-        os.pwrite(self.fd, pid, 0)  # write, then trim: a reader never sees an empty file while we hold it
-        os.ftruncate(self.fd, len(pid))
+        try:
+            write_all(self.fd, pid, 0)  # write, then trim: a reader never sees an empty file while we hold it
+            os.ftruncate(self.fd, len(pid))
+        except BaseException:
+            os.close(self.fd)  # (a full disk): closing drops the flock, so the session is not left locked
+            self.fd = -1
+            raise
 
     def release(self) -> None:
         if self.fd >= 0:

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 MAX_SESSION_ID = 128
-_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@+=-]*$")
+_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]*")
 LOG_NAME = "events.jsonl"
 LOCK_NAME = "lock"
 CHECKPOINT_NAME = "checkpoint.json"
@@ -25,7 +25,7 @@ def validate_session_id(session_id: object) -> str:
         raise ValueError(f"session_id {session_id!r} must not start with a dot")
     if ".." in session_id or "/" in session_id or "\\" in session_id or "\x00" in session_id:
         raise ValueError(f"session_id {session_id!r} must not contain '/', '\\\\', '..' or NUL")
-    if not _ID_RE.match(session_id):
+    if not _ID_RE.fullmatch(session_id):  # (match with $ would accept a trailing newline)
         raise ValueError(
             f"session_id {session_id!r} has characters that are not allowed; use letters, digits and _ . : @ + = -"
         )
