@@ -90,3 +90,33 @@ async def test_store_path_stats_and_logs_do_not_show_a_query_password(pg_dsn: st
     assert all(SECRET not in s for s in shown), shown
     assert "password=***" in str(store.path)
     assert SECRET not in caplog.text
+
+
+def test_tail_follow_waits_for_a_database_session_that_does_not_exist_yet(pg_dsn: str, pg_schema: str, sid: str,
+                                                                           subprocess_env: dict[str, str]) -> None:
+    """``tail -f --dsn`` on a missing session waits (saying so), then prints its events once it is created."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "context_persistent", "tail", sid, "-f", "--dsn", pg_dsn, "--until-seq", "2", "--timeout", "30", "--json"]
+    env = {**subprocess_env, "CONTEXT_PERSISTENT_PG_SCHEMA": pg_schema}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert f"waiting for session {sid!r}" in line, line + proc.stderr.read()
+
+        async def write() -> None:
+            async with await PersistentContextManager.open(storage_path="unused", session_id=sid, dsn=pg_dsn,
+                                                           pg_schema=pg_schema) as store:
+                await store.add_message({"role": "user", "content": "late"})
+
+        asyncio.run(write())
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    seqs = [__import__("json").loads(x)["seq"] for x in out.splitlines()]
+    assert seqs == [1, 2] and '"late"' in out
