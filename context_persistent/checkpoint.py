@@ -639,7 +639,8 @@ class _Prepared:
     front_json: bytes
     counted: int
     base: dict[str, Any] | None = None
-    splice: tuple[Any, int, int] | None = None  #: (checkpoint file, offset, length) of the section to copy
+    #: (descriptor of the checkpoint file, owned by the write; offset, length) of the state section to copy
+    splice: tuple[int, int, int] | None = None
 
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
@@ -926,8 +927,15 @@ class Checkpointer:
                 f, offset, length, source = self._lazy_source
                 # The counts in the copied section were made by source.tokenizer (checked: the current one).
                 name = tokenizer() if source.tokenizer is not None or front_counts else None
-                return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
-                                 (f, offset, length))
+                try:
+                    # Our own descriptor, taken now: a read of the rest (get_messages) before the background
+                    # write runs closes the file the section is copied from.
+                    src = os.dup(f.fileno())
+                except (OSError, ValueError):
+                    pass  # (no descriptor left): capture the whole state instead, below
+                else:
+                    return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
+                                     (src, offset, length))
         state.materialise()
         counted = _counted(state)
         front_json = b"null"
@@ -948,17 +956,18 @@ class Checkpointer:
         store = self.store
         assert store is not None
         seq = prep.seq
+        splice = prep.splice
         try:
             if self.first_crc is None:
                 self.first_crc = await first_record_crc(log)
             fields = dict(session_id=self.session_id, seq=seq, position=prep.position, first_crc=self.first_crc,
                           last_crc=prep.last_crc, tokenizer=prep.tokenizer, front_json=prep.front_json,
                           base=prep.base)
-            if prep.splice is not None:
-                f, offset, length = prep.splice
+            if splice is not None:
+                src, offset, length = splice
                 assert isinstance(store, FileCheckpointStore)
                 prefix = encode_front(state_bytes=length, **fields)  # type: ignore[arg-type]
-                src = os.dup(f.fileno())  # (a load of the rest may close the file meanwhile)
+                splice = None  # save_copying closes src
                 size = await asyncio.to_thread(store.save_copying, prefix, src, offset, length + 1 + _TRAILER)
             else:
                 assert prep.captured is not None
@@ -979,4 +988,6 @@ class Checkpointer:
             logger.warning("session %s: could not write a checkpoint at seq %d (%s); the log is unaffected "
                            "and the next open replays more of it", self.session_id, seq, e)
         finally:
+            if splice is not None:  # (failed before the copy began)
+                os.close(splice[0])
             self._task = None

@@ -69,3 +69,43 @@ async def test_a_role_that_is_not_a_string_is_a_value_error(storage: Path, role:
         with pytest.raises(ValueError, match="allowed roles"):
             await store.set_messages([{"role": role, "content": "x"}])
         assert await store.get_messages() == []
+
+
+# -- a periodic checkpoint of a lazy history survives a load of the rest -----------------------------------
+async def test_a_periodic_checkpoint_is_written_when_the_history_loads_before_it_runs(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A checkpoint started by an append of a lazily opened store is written even if ``get_messages()``
+    loads the rest of the history (closing the checkpoint file) before the background write runs."""
+    import logging
+
+    from strategies import tool_turns
+
+    every = 50
+    cfg: dict[str, Any] = dict(fsync="never", tokenizer="chars/4", recognise_replay=False, max_tokens=10_000,
+                               checkpoint_every=every)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s", **cfg) as store:
+        await store.set_messages([{"role": "system", "content": "You are helpful."}, *tool_turns(750)])
+        await store.get_token_count()  # (the close then writes a checkpoint with a front section)
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", **cfg)
+    try:
+        assert store._state.is_lazy
+        caplog.set_level(logging.DEBUG, logger="context_persistent")
+        for i in range(every):
+            await store.add_message({"role": "user", "content": f"m {i}"})
+            if store._checkpoints._task is not None:
+                break
+        task = store._checkpoints._task
+        assert task is not None and not task.done()
+        messages = await store.get_messages()  # loads the rest now, before the write has run
+        assert not store._state.is_lazy and messages[-1]["content"] == f"m {i}"
+        await task
+        assert "could not write a checkpoint" not in caplog.text, caplog.text
+        assert store._checkpoints.seq == store.head_seq
+    finally:
+        await store.close()
+    reopened = await PersistentContextManager.open(storage_path=storage, session_id="s", **cfg)
+    try:
+        assert reopened._checkpoints.loaded_seq >= store.head_seq - 1
+        assert await reopened.get_messages() == messages
+    finally:
+        await reopened.close()
