@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -34,7 +35,7 @@ import orjson
 from . import codec
 from . import events as ev
 from . import snapshot_codec as sc
-from .errors import SessionExistsError
+from .errors import InvalidRecordError, SessionExistsError
 from .paths import DIR_MODE, FILE_MODE, LOG_NAME, fsync_dir, make_private_dirs, session_dir, validate_session_id
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
@@ -53,15 +54,73 @@ PROGRAM = "context-persistent"
 
 # -- time travel ------------------------------------------------------------------------------------
 async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
-    """The projection after every record with ``seq <= at_seq`` (all records when None): a pure fold."""
+    """The projection after every record with ``seq <= at_seq`` (all records when None), less every message
+    redacted at any seq.
+
+    A redaction hides its message from every view at every seq: the past state is the fold up to ``at_seq``
+    with the messages that any ``redacted`` event of the log names taken out, and with them every message
+    of that state identical to a redacted one (``set_messages`` re-adds the messages it keeps under new keys,
+    so the message a past state holds may be an earlier copy of the one that was redacted). ``at``,
+    ``export(at_seq=)``, ``fork(at_seq=)`` and ``show --at`` therefore never reveal what was redacted later.
+    """
+    redacted: set[int] = set()
+    if at_seq is not None:  # (at the head, the fold has applied every redaction already)
+        async for batch in log.read_batches():
+            redacted.update(_redacted_key(rec) for rec in batch if rec["type"] == ev.REDACTED)
     state = Projection()
     apply = state.apply
+    prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():
         for rec in batch:
-            if at_seq is not None and rec["seq"] > at_seq:
+            if redacted and rec["type"] in (ev.MESSAGE_ADDED, ev.MESSAGES_REPLACED):
+                _note_redacted(rec, redacted, prints)
+            if at_seq is None or rec["seq"] <= at_seq:
+                apply(rec)
+            elif not redacted:
                 return state
-            apply(rec)
+    if redacted:
+        _hide(state, redacted, prints)
     return state
+
+
+def _redacted_key(rec: dict[str, Any]) -> int:
+    key = rec["data"].get("key") if isinstance(rec.get("data"), dict) else None
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise InvalidRecordError(rec.get("seq"), rec.get("type"), f"data.key is {key!r}, not a message key")
+    return key
+
+
+def _fingerprint(message: Any) -> bytes:
+    try:
+        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # (an integer beyond 64 bits)
+        data = repr(message).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) -> None:
+    """Add the fingerprints of the messages of ``rec`` whose keys are redacted."""
+    data = rec["data"]
+    first = make_key(rec["seq"])
+    if rec["type"] == ev.MESSAGE_ADDED:
+        if first in redacted:
+            prints.add(_fingerprint(data["message"]))
+        return
+    for i, m in enumerate(data["messages"]):
+        if first + i in redacted:
+            prints.add(_fingerprint(m))
+
+
+def _hide(state: Projection, keys: set[int], prints: set[bytes]) -> None:
+    """Take the messages with these keys, or identical to a redacted one, out of ``state``."""
+    messages = state.messages
+    gone = [i for i, k in enumerate(state.keys) if k in keys or _fingerprint(messages[i]) in prints]
+    for i in reversed(gone):
+        state.pinned.discard(state.keys[i])
+        del state.messages[i], state.keys[i], state.tokens[i]
+    state.pinned -= keys
+    if gone:
+        state.version += 1
 
 
 def _check_at_seq(at_seq: Any, head: int) -> int:

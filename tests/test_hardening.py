@@ -109,3 +109,70 @@ async def test_a_periodic_checkpoint_is_written_when_the_history_loads_before_it
         assert await reopened.get_messages() == messages
     finally:
         await reopened.close()
+
+
+# -- a redaction hides its message at every seq -----------------------------------------------------------
+SECRET_TEXT = "my api key is sk-live-123"
+
+
+async def _redacted_session(storage: Path) -> PersistentContextManager:
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s")
+    await store.add_message({"role": "user", "content": "hello"})           # seq 2
+    await store.add_message({"role": "user", "content": SECRET_TEXT})       # seq 3
+    await store.pin(1)                                                      # seq 4
+    await store.add_message({"role": "assistant", "content": "noted"})      # seq 5
+    await store.set_messages([*(await store.get_messages()), {"role": "user", "content": SECRET_TEXT + " again"}])
+    await store.redact(1)                                                   # seq 7: the first secret
+    await store.redact(2)                                                   # seq 8: the one inside a replacement
+    return store
+
+
+async def test_time_travel_never_shows_a_redacted_message(storage: Path, tmp_path: Path) -> None:
+    """``at(N)`` for every N, ``export(at_seq=N)`` and ``fork(at_seq=N)`` leave out messages redacted later."""
+    import json
+
+    store = await _redacted_session(storage)
+    try:
+        assert SECRET_TEXT not in json.dumps(await store.get_messages())
+        for n in range(1, store.head_seq + 1):
+            past = await store.at(n)
+            try:
+                shown = json.dumps([await past.get_messages(), await past.get_conversation_view(),
+                                    await past.get_reasoning_view(), await past.get_messages_for_request()])
+                assert SECRET_TEXT not in shown, n
+                assert past._state.pinned <= set(past._state.keys)
+            finally:
+                await past.close()
+            out = tmp_path / f"at-{n}.jsonl"
+            await store.export(out, at_seq=n)
+            assert SECRET_TEXT not in out.read_text(), n
+            info = await store.fork(f"f{n}", at_seq=n)
+            assert SECRET_TEXT not in (storage / f"f{n}" / "events.jsonl").read_text(), n
+            assert info["pinned"] == 0  # the pinned message was the redacted one
+        past = await store.at(5)
+        try:
+            assert [m["content"] for m in await past.get_messages()] == ["hello", "noted"]
+        finally:
+            await past.close()
+    finally:
+        await store.close()
+
+
+def test_show_at_never_shows_a_redacted_message(storage: Path, subprocess_env: dict[str, str]) -> None:
+    """``context-persistent show --at N`` leaves out a message redacted after N."""
+    import asyncio
+    import subprocess
+    import sys
+
+    asyncio.run(_make_and_close(storage))
+    env = {**subprocess_env, "CONTEXT_PERSISTENT_DIR": str(storage), "NO_COLOR": "1"}
+    for n in (3, 5, 6):
+        p = subprocess.run([sys.executable, "-m", "context_persistent", "show", "s", "--at", str(n), "--json"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert "hello" in p.stdout and SECRET_TEXT not in p.stdout, (n, p.stdout)
+
+
+async def _make_and_close(storage: Path) -> None:
+    store = await _redacted_session(storage)
+    await store.close()
