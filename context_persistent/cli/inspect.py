@@ -10,7 +10,7 @@ import collections
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -322,7 +322,7 @@ async def _tail(args: argparse.Namespace) -> int:
     try:
         log = await open_log(storage_of(args), args.session, cfg, readonly=True)
     except SessionNotFoundError:
-        if not args.follow or backend_of(args):
+        if not args.follow:
             raise
         log = None
         print(f"waiting for session {args.session!r} to be created…", file=sys.stderr)
@@ -345,16 +345,18 @@ async def _tail(args: argparse.Namespace) -> int:
             return 0
         if args.until_seq is not None and last >= args.until_seq:
             return 0
-        await _follow(args, log, last, on)
+        await _follow(args, log, last, on, cfg)
     finally:
         if log is not None:
             await log.close()
     return 0
 
 
-async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool) -> None:
+async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg: dict[str, Any]) -> None:
     if log is not None:
         stream = log.follow(after)
+    elif backend_of(args):
+        stream = _created_then_followed(args, cfg, after)
     else:
         from ..follow import follow_file
         from ..paths import LOG_NAME, session_dir
@@ -368,6 +370,26 @@ async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool) -> N
                     return
     except TimeoutError:
         return  # --timeout elapsed: a normal end
+
+
+async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], after: int
+                                 ) -> AsyncIterator[dict[str, Any]]:
+    """A database session that does not exist yet: open it once it does (polled), then follow it."""
+    from ..errors import SessionNotFoundError
+    from ..manager import open_log
+
+    while True:
+        try:
+            log = await open_log(storage_of(args), args.session, cfg, readonly=True)
+            break
+        except SessionNotFoundError:
+            await asyncio.sleep(0.25)
+    try:
+        async with contextlib.aclosing(log.follow(after)) as records:
+            async for rec in records:
+                yield rec
+    finally:
+        await log.close()
 
 
 # -- registration -----------------------------------------------------------------------------------
