@@ -72,7 +72,7 @@ import orjson
 
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
-from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir, write_all
+from .paths import CHECKPOINT_NAME, create_private_file, fsync_dir, write_all
 from .projection import BaseLoader, LazyList, LoadRefused, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
@@ -558,9 +558,10 @@ class FileCheckpointStore:
         return len(prefix) + count
 
     def _save(self, write: Callable[[int], None]) -> None:
-        # A fixed temp name is safe: only the lock holder writes checkpoints. O_TRUNC reuses a leftover.
+        # A fixed temp name is safe: only the lock holder writes checkpoints. A leftover (or a link planted in
+        # its place) is removed, never written through: the file is created anew, without following symlinks.
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            fd = create_private_file(self.tmp.parent, self.tmp.name)
             try:
                 write(fd)
                 os.fsync(fd)

@@ -129,3 +129,9 @@ class MalformedInputError(ContextPersistentError, ValueError):
 
 class LogChangedError(ContextPersistentError):
     """A follower found that records it had already reported were removed or rewritten (not by appending)."""
+
+
+class UnsafeStorageError(ContextPersistentError, PermissionError):
+    """A storage or session folder, or a file the store writes, is not safe to write: a folder not owned by
+    this user or writable by others, or a symbolic link (or hard-linked file) where the store writes. The
+    store never follows a symlink it writes through, so nothing outside the storage can be modified."""

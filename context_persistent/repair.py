@@ -38,7 +38,7 @@ from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
 from .log import FileLock, data_size
-from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
+from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import Projection
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
@@ -335,7 +335,7 @@ class _Writer:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        self.fd = create_private_file(path.parent, path.name)  # (never through a link left in its place)
         self.buf: list[bytes] = []
         self.buffered = 0
         self.size = 0

@@ -36,7 +36,8 @@ from . import codec
 from . import events as ev
 from . import snapshot_codec as sc
 from .errors import InvalidRecordError, SessionExistsError
-from .paths import DIR_MODE, FILE_MODE, LOG_NAME, fsync_dir, make_private_dirs, session_dir, validate_session_id
+from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, check_storage_root, fsync_dir, make_private_dirs, session_dir,
+                    validate_session_id)
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
 
@@ -294,6 +295,7 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
     target = _target(storage_path, session_id)
     storage = Path(storage_path)
     make_private_dirs(storage)
+    check_storage_root(storage)  # (the temp folder and the session folder are made here)
     tmp = storage / f".tmp-{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
     os.mkdir(tmp, DIR_MODE)
     try:

@@ -176,3 +176,132 @@ def test_show_at_never_shows_a_redacted_message(storage: Path, subprocess_env: d
 async def _make_and_close(storage: Path) -> None:
     store = await _redacted_session(storage)
     await store.close()
+
+
+# -- the store never writes through a symbolic link, nor into a folder others can write --------------------
+from context_persistent.errors import UnsafeStorageError  # noqa: E402
+from context_persistent.paths import CHECKPOINT_NAME, LOCK_NAME, LOG_NAME  # noqa: E402
+
+
+def _victims(tmp_path: Path) -> dict[str, Path]:
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    files = {}
+    for name in ("log", "lock", "tmp", "repair"):
+        f = outside / f"victim-{name}"
+        f.write_text(f"precious {name}\n")
+        files[name] = f
+    return files
+
+
+def _untouched(victims: dict[str, Path]) -> None:
+    for name, f in victims.items():
+        assert f.read_text() == f"precious {name}\n", name
+
+
+async def test_a_world_writable_session_folder_with_planted_links_is_refused(storage: Path, tmp_path: Path) -> None:
+    """A pre-created session folder others can write, holding ``events.jsonl`` and ``lock`` as symlinks to
+    files elsewhere: open refuses it, naming the folder and the rule, and the targets are unchanged."""
+    victims = _victims(tmp_path)
+    folder = storage / "s"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o777)
+    (folder / LOG_NAME).symlink_to(victims["log"])
+    (folder / LOCK_NAME).symlink_to(victims["lock"])
+    with pytest.raises(UnsafeStorageError) as e:
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+    assert str(folder) in str(e.value) and "writable by others" in str(e.value) and "chmod 700" in str(e.value)
+    _untouched(victims)
+    with pytest.raises(UnsafeStorageError):
+        repair(folder, "s")
+    _untouched(victims)
+
+
+@pytest.mark.parametrize("planted", [LOG_NAME, LOCK_NAME])
+async def test_links_in_a_private_session_folder_are_never_written_through(storage: Path, tmp_path: Path,
+                                                                           planted: str) -> None:
+    """Even in a folder of our own, a symlink where the log or the lock goes is refused, never followed."""
+    victims = _victims(tmp_path)
+    folder = storage / "s"
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / planted).symlink_to(victims["log"])
+    with pytest.raises(UnsafeStorageError, match="symbolic link"):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+    _untouched(victims)
+
+
+async def test_a_hard_linked_log_is_refused(storage: Path, tmp_path: Path) -> None:
+    """A log with a second name elsewhere (a hard link) is refused: appending would change that file too."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "hi"})
+    other = tmp_path / "other-name"
+    os.link(storage / "s" / LOG_NAME, other)
+    before = other.read_bytes()
+    with pytest.raises(UnsafeStorageError, match="hard link"):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+    assert other.read_bytes() == before
+
+
+async def test_checkpoint_and_repair_temp_files_replace_a_planted_link(storage: Path, tmp_path: Path) -> None:
+    """A symlink left where the checkpoint's or repair's temp file goes is removed, never written through."""
+    victims = _victims(tmp_path)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s",
+                                                   checkpoint_every=1) as store:
+        (storage / "s" / (CHECKPOINT_NAME + ".tmp")).symlink_to(victims["tmp"])
+        (storage / "s" / (LOG_NAME + ".repair-tmp")).symlink_to(victims["repair"])
+        for i in range(3):
+            await store.add_message({"role": "user", "content": f"m{i}"})
+            if store._checkpoints._task is not None:
+                await store._checkpoints._task
+        assert store._checkpoints.seq >= 2  # checkpoints were written
+    assert (storage / "s" / CHECKPOINT_NAME).is_file() and not (storage / "s" / CHECKPOINT_NAME).is_symlink()
+    with open(storage / "s" / LOG_NAME, "ab") as f:
+        f.write(b'{"garbage": 1}\n')  # a bad record followed by a valid one makes repair rebuild the log
+    async with await PersistentContextManager.open(storage_path=storage, session_id="t") as other:
+        await other.add_message({"role": "user", "content": "x"})
+    with open(storage / "s" / LOG_NAME, "ab") as f:
+        f.write((storage / "t" / LOG_NAME).read_bytes().splitlines(keepends=True)[-1].replace(b'"seq":2', b'"seq":5'))
+    repair(storage / "s", "s")
+    _untouched(victims)
+
+
+async def test_a_session_folder_that_is_a_link_is_refused(storage: Path, tmp_path: Path) -> None:
+    """A session folder that is a symlink (to a folder elsewhere) is refused: nothing is created there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    storage.mkdir(mode=0o700)
+    (storage / "s").symlink_to(elsewhere)
+    with pytest.raises(UnsafeStorageError, match="symbolic link"):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+    assert list(elsewhere.iterdir()) == []
+
+
+async def test_a_storage_folder_others_can_write_is_refused(tmp_path: Path) -> None:
+    """The storage folder (where session and temp folders are made) must be private too."""
+    storage = tmp_path / "shared"
+    storage.mkdir()
+    os.chmod(storage, 0o777)
+    with pytest.raises(UnsafeStorageError, match="writable by others"):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+async def test_a_session_folder_owned_by_another_user_is_refused(storage: Path) -> None:
+    """A session folder someone else owns is refused, naming its owner."""
+    folder = storage / "s"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(UnsafeStorageError, match="owned by uid 65534"):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+
+
+async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path: Path) -> None:
+    """Import and fork make their temp folder in the storage folder: a shared one is refused."""
+    from context_persistent.snapshot import create_session, session_lines
+
+    storage = tmp_path / "shared"
+    storage.mkdir()
+    os.chmod(storage, 0o777)
+    with pytest.raises(UnsafeStorageError, match="writable by others"):
+        await create_session(storage, "s", session_lines("s", {}, [{"role": "user", "content": "x"}]))
+    assert list(storage.iterdir()) == []
