@@ -10,7 +10,7 @@ import collections
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -373,7 +373,7 @@ async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg:
 
 
 async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], after: int
-                                 ) -> AsyncIterator[dict[str, Any]]:
+                                 ) -> AsyncGenerator[dict[str, Any], None]:
     """A database session that does not exist yet: open it once it does (polled), then follow it."""
     from ..errors import SessionNotFoundError
     from ..manager import open_log
@@ -384,11 +384,14 @@ async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], 
             break
         except SessionNotFoundError:
             await asyncio.sleep(0.25)
+    records = log.follow(after)
     try:
-        async with contextlib.aclosing(log.follow(after)) as records:
-            async for rec in records:
-                yield rec
+        async for rec in records:
+            yield rec
     finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
         await log.close()
 
 
