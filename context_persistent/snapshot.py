@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,7 +38,7 @@ from . import codec
 from . import events as ev
 from . import snapshot_codec as sc
 from .errors import InvalidRecordError, SessionExistsError
-from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, check_storage_root, fsync_dir, make_private_dirs, session_dir,
+from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs, session_dir,
                     validate_session_id)
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
@@ -296,8 +298,17 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
     storage = Path(storage_path)
     make_private_dirs(storage)
     check_storage_root(storage)  # (the temp folder and the session folder are made here)
-    tmp = storage / f".tmp-{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
+    clean_stale_temp_folders(storage)
+    tmp = storage / f"{TMP_PREFIX}{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
     os.mkdir(tmp, DIR_MODE)
+    # Held until the folder is renamed or removed: a cleaner never removes a temp folder a live process uses.
+    busy = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    try:
+        fcntl.flock(busy, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(busy)
+        os.rmdir(tmp)
+        raise
     try:
         os.chmod(tmp, DIR_MODE)
         async with aiofiles.open(tmp / LOG_NAME, "xb", opener=_private_opener) as f:
@@ -316,8 +327,61 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(busy)
     fsync_dir(storage)
     return target / LOG_NAME
+
+
+TMP_PREFIX = ".tmp-"
+_TMP_RE = re.compile(r"\.tmp-(.+)-([0-9]+)-[0-9a-f]{8}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # (someone else's process)
+    return True
+
+
+def clean_stale_temp_folders(storage: Path) -> list[Path]:
+    """Remove the temp folders an import or fork killed midway left in ``storage``; returns what was removed.
+
+    Only folders of ours: named ``.tmp-<session>-<pid>-<8 hex>``, real folders (not links) owned by this user,
+    whose process is gone (no such pid), and whose ``flock`` can be taken: the process that makes one holds
+    that lock until the folder is renamed into place or removed, so a folder being written is never touched.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(storage))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        m = _TMP_RE.fullmatch(entry.name)
+        if m is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[2])):
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live process holds it
+            shutil.rmtree(entry.path)  # (never follows a link inside it)
+            removed.append(Path(entry.path))
+            logger.info("removed %s, left by an import or fork that did not finish (pid %s)", entry.path, m[2])
+        except OSError as e:
+            logger.info("could not remove the leftover temp folder %s: %s", entry.path, e)
+        finally:
+            os.close(fd)
+    return removed
 
 
 async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],

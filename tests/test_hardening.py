@@ -305,3 +305,63 @@ async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path
     with pytest.raises(UnsafeStorageError, match="writable by others"):
         await create_session(storage, "s", session_lines("s", {}, [{"role": "user", "content": "x"}]))
     assert list(storage.iterdir()) == []
+
+
+# -- leftovers of a killed import are cleaned, a live one is left alone ------------------------------------
+_STALLED_IMPORT = """
+import asyncio, sys, time
+from context_persistent import snapshot
+def stall(path):
+    print("READY", flush=True)   # the temp folder holds the whole new log now
+    time.sleep(600)
+snapshot.fsync_dir = stall
+lines = snapshot.session_lines(sys.argv[2], {}, [{"role": "user", "content": "x"}])
+asyncio.run(snapshot.create_session(sys.argv[1], sys.argv[2], lines))
+"""
+
+
+def _stalled_import(storage: Path, sid: str, env: dict[str, str]) -> Any:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _STALLED_IMPORT, str(storage), sid], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "READY":
+        proc.kill()
+        raise AssertionError(f"child did not stall: {line!r} {proc.communicate()[1]}")
+    return proc
+
+
+async def test_temp_folders_of_a_killed_import_are_removed_and_live_ones_kept(
+        storage: Path, subprocess_env: dict[str, str]) -> None:
+    """An import killed midway leaves ``.tmp-*``; the next import or fork removes it, but never the temp folder
+    of an import still running, nor a folder that only looks like one."""
+    import signal
+
+    from context_persistent.snapshot import clean_stale_temp_folders, create_session, session_lines
+
+    storage.mkdir(mode=0o700)
+    live = _stalled_import(storage, "b", subprocess_env)
+    try:
+        killed = _stalled_import(storage, "a", subprocess_env)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        killed.stdout.close(), killed.stderr.close()  # type: ignore[union-attr]
+        lookalike = storage / ".tmp-notes"  # not our name pattern
+        lookalike.mkdir()
+        leftovers = sorted(p.name for p in storage.iterdir() if p.name.startswith(".tmp-") and p != lookalike)
+        assert len(leftovers) == 2
+        await create_session(storage, "c", session_lines("c", {}, [{"role": "user", "content": "y"}]))
+        left = sorted(p.name for p in storage.iterdir())
+        assert f".tmp-a-{killed.pid}-" not in " ".join(left)  # the killed import's folder is gone
+        assert any(n.startswith(f".tmp-b-{live.pid}-") for n in left)  # the live one is kept
+        assert ".tmp-notes" in left and "c" in left
+        assert clean_stale_temp_folders(storage) == []
+    finally:
+        live.kill()
+        live.wait(30)
+        live.stdout.close(), live.stderr.close()  # type: ignore[union-attr]
+    # Once its process is dead, the second one goes too (the flock died with it).
+    assert [p.name.split("-")[1] for p in clean_stale_temp_folders(storage)] == ["b"]
