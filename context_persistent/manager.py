@@ -20,7 +20,7 @@ from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
 from .replay import COMPLETE, HELD, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
-from .tokens import DEFAULT_ENCODING, TokenCounter
+from .tokens import DEFAULT_ENCODING, PIECE, TokenCounter, message_text
 from .views import conversation_view, reasoning_view
 
 if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `import context_persistent` stays cheap
@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `i
     from .compaction.incremental import Anchor
 
 logger = logging.getLogger("context_persistent")
+
+#: Messages with at least this many characters of text are tokenised in a worker thread (see
+#: ``_count_large_off_loop``): about 10-50 ms of tiktoken at this size, and seconds for megabytes.
+LARGE_TEXT = PIECE
 
 PROGRAM = "context-persistent"
 EVENT_RECOVERED = "context:recovered"
@@ -162,6 +166,8 @@ class PersistentContextManager:
         self._epoch = 0
         #: (epoch, n, token list): the first n counts of that list were complete at that epoch.
         self._count_hint: tuple[int, int, Any] = (-1, 0, None)
+        #: (token list, n): messages below n of that list were looked at by _count_large_off_loop.
+        self._large_seen: tuple[Any, int] = (None, 0)
         #: Stats of the last compaction that changed the view (for stats() and the CLI).
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
@@ -561,9 +567,44 @@ class PersistentContextManager:
     def _count_one(self, i: int) -> int:
         return self._count_indices((i,))[i]  # type: ignore[return-value]
 
+    async def _count_large_off_loop(self) -> None:
+        """Count the uncounted messages whose text is long (``LARGE_TEXT`` characters or more) in a worker
+        thread, before a request view or a token count needs them: tokenising megabytes takes seconds, and
+        tiktoken releases the GIL, so the event loop stays responsive meanwhile. Each message is looked at
+        once, when it is new (``_large_seen``); a lazy history's unloaded part is never read."""
+        state = self._state
+        tokens = state.tokens
+        messages = state.messages
+        seen, seen_n = self._large_seen
+        n = len(tokens)
+        first = seen_n if seen is tokens and seen_n <= n else 0
+        if first >= n:
+            return
+        self._large_seen = (tokens, n)
+        if self._count_hint[2] is None and self._counter.name != self._counter.requested:
+            return  # (_token_counts is about to count everything again with the estimator)
+        lazy = type(tokens) is LazyList and not tokens.loaded
+        indices = [i for i in tokens.known_indices() if i >= first] if lazy else range(first, n)  # type: ignore[attr-defined]
+        count = self._counter.count_message
+        for i in indices:
+            if lazy:
+                if tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
+                    continue
+                message = messages.get_known(i)  # type: ignore[attr-defined]
+            else:
+                if tokens[i] is not None:
+                    continue
+                message = messages[i]
+            if message is None or len(message_text(message)) < LARGE_TEXT:
+                continue
+            counted = await asyncio.to_thread(count, message)
+            if self._state is state and i < len(state.messages) and state.messages[i] is message:
+                state.tokens[i] = counted  # (unless the history changed meanwhile)
+
     async def get_token_count(self) -> int:
         """Tokens of the full history under the active counter (see ``stats()['tokenizer']``)."""
         self._check_open()
+        await self._count_large_off_loop()
         return sum(self._token_counts())
 
     def resolve_budget(self, token_budget: int | None = None, provider: Any = None) -> tuple[int, str]:
@@ -589,6 +630,7 @@ class PersistentContextManager:
         from . import compaction
         from .compaction.incremental import anchor, extend
 
+        await self._count_large_off_loop()
         state = self._state
         version = state.version
         cached = self._view_cache
@@ -766,6 +808,7 @@ class PersistentContextManager:
             "tokens": sum(self._token_counts()),
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
+            "tokens_bounded": self._counter.bounded,
             "fsync": self._fsync,
             "loaded_from_file": self._loaded_from_file,
             "last_compaction": None if self.last_compaction is None else {

