@@ -168,6 +168,7 @@ class PersistentContextManager:
         self._count_hint: tuple[int, int, Any] = (-1, 0, None)
         #: (token list, n): messages below n of that list were looked at by _count_large_off_loop.
         self._large_seen: tuple[Any, int] = (None, 0)
+        self._large_busy: asyncio.Future[None] | None = None
         #: Stats of the last compaction that changed the view (for stats() and the CLI).
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
@@ -571,7 +572,10 @@ class PersistentContextManager:
         """Count the uncounted messages whose text is long (``LARGE_TEXT`` characters or more) in a worker
         thread, before a request view or a token count needs them: tokenising megabytes takes seconds, and
         tiktoken releases the GIL, so the event loop stays responsive meanwhile. Each message is looked at
-        once, when it is new (``_large_seen``); a lazy history's unloaded part is never read."""
+        once, when it is new (``_large_seen``); a lazy history's unloaded part is never read. A second caller
+        waits for a count in progress (else it would count the same message on the loop)."""
+        while self._large_busy is not None:
+            await asyncio.shield(self._large_busy)
         state = self._state
         tokens = state.tokens
         messages = state.messages
@@ -585,7 +589,7 @@ class PersistentContextManager:
             return  # (_token_counts is about to count everything again with the estimator)
         lazy = type(tokens) is LazyList and not tokens.loaded
         indices = [i for i in tokens.known_indices() if i >= first] if lazy else range(first, n)  # type: ignore[attr-defined]
-        count = self._counter.count_message
+        large = []
         for i in indices:
             if lazy:
                 if tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
@@ -595,11 +599,19 @@ class PersistentContextManager:
                 if tokens[i] is not None:
                     continue
                 message = messages[i]
-            if message is None or len(message_text(message)) < LARGE_TEXT:
-                continue
-            counted = await asyncio.to_thread(count, message)
-            if self._state is state and i < len(state.messages) and state.messages[i] is message:
-                state.tokens[i] = counted  # (unless the history changed meanwhile)
+            if message is not None and len(message_text(message)) >= LARGE_TEXT:
+                large.append((i, message))
+        if not large:
+            return
+        busy = self._large_busy = asyncio.get_running_loop().create_future()
+        try:
+            for i, message in large:
+                counted = await asyncio.to_thread(self._counter.count_message, message)
+                if self._state is state and i < len(state.messages) and state.messages[i] is message:
+                    state.tokens[i] = counted  # (unless the history changed meanwhile)
+        finally:
+            self._large_busy = None
+            busy.set_result(None)
 
     async def get_token_count(self) -> int:
         """Tokens of the full history under the active counter (see ``stats()['tokenizer']``)."""

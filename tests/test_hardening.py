@@ -417,7 +417,9 @@ async def test_a_large_message_is_tokenised_in_a_worker_thread_while_the_loop_ru
         assert store.stats()["tokens_bounded"] == 1  # counted in pieces: a bounded count, and it says so
         await store.add_message({"role": "user", "content": "cd" * (1 << 19)})
         del calls[:]
-        await store.get_messages_for_request(token_budget=1_000_000)  # (fits: nothing is cut)
+        # Two callers at once: the second waits for the first one's count instead of counting on the loop.
+        await asyncio.gather(store.get_messages_for_request(token_budget=1_000_000),  # (fits: nothing is cut)
+                             store.get_token_count())
         assert [thread for thread, size in calls if size > 1000 and thread == loop_thread] == []
     finally:
         await store.close()
