@@ -62,6 +62,7 @@ import functools
 import gc
 import logging
 import os
+import stat
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ import orjson
 
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
-from .paths import CHECKPOINT_NAME, create_private_file, fsync_dir, write_all
+from .paths import CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
 from .projection import BaseLoader, LazyList, LoadRefused, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
@@ -518,10 +519,31 @@ class FileCheckpointStore:
         self.tmp = directory / (CHECKPOINT_NAME + ".tmp")
 
     async def load(self) -> bytes | None:
+        return self.read_sync()
+
+    def read_sync(self) -> bytes | None:
+        """The stored payload, or None if there is none (CheckpointError: not a regular file)."""
+        f = self._open()
+        if f is None:
+            return None
+        with f:
+            return f.read()  # type: ignore[no-any-return]
+
+    def _open(self) -> Any:
+        """The checkpoint file opened for reading, or None: never through a symlink, and only a regular file
+        (a FIFO or a device in its place would block or never end; CheckpointError, so it is ignored)."""
         try:
-            return self.path.read_bytes()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through one") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointError(f"{self.path} is not a regular file")
+        return os.fdopen(fd, "rb")
 
     async def save(self, payload: bytes, seq: int) -> None:
         await asyncio.to_thread(self.save_sync, payload)
@@ -576,9 +598,8 @@ class FileCheckpointStore:
     def open_front(self) -> tuple[Checkpoint, Any, int, int] | None:
         """Read and verify only the header and front section: ``(checkpoint, open file, state offset, state
         length)``, or None if there is no checkpoint. The caller owns the file (it reads the state from it)."""
-        try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:
+        f = self._open()
+        if f is None:
             return None
         try:
             cp, offset, length = read_front(f)

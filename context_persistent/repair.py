@@ -266,9 +266,10 @@ def _check_checkpoint(directory: Path, session_id: str
     status: dict[str, Any] = {"status": "missing", "ok": True}
     store = FileCheckpointStore(directory)
     try:
-        payload = store.path.read_bytes()
-    except FileNotFoundError:
+        payload = store.read_sync()  # (never blocks on a FIFO, never reads through a link)
+    except CheckpointError as e:
         payload = None
+        status.update(status="ignored", ok=False, reason=str(e))
     cp = None
     if payload is not None:
         try:

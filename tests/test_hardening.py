@@ -443,3 +443,42 @@ def test_a_long_run_is_counted_in_pieces_close_to_the_exact_count() -> None:
         assert abs(counter.count_text(text) - exact) <= pieces
     assert counter.bounded == 2
     assert counter.count_text("short text") == len(counter._encode("short text")) and counter.bounded == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+async def test_a_checkpoint_that_is_a_fifo_or_a_link_is_ignored_not_waited_on(storage: Path, tmp_path: Path,
+                                                                            kind: str) -> None:
+    """A FIFO (open would block forever) or a symlink in the checkpoint's place: open ignores and removes it,
+    replays the log, and the link's target is untouched."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "hi"})
+    cp = storage / "s" / CHECKPOINT_NAME
+    cp.unlink(missing_ok=True)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    if kind == "fifo":
+        os.mkfifo(cp, 0o600)
+    else:
+        cp.symlink_to(victim)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        assert [m["content"] for m in await store.get_messages()] == ["hi"]
+        assert store.stats()["checkpoint"]["ignored"]
+    assert victim.read_text() == "precious"
+    assert not cp.is_symlink() and not (cp.exists() and not cp.is_file())
+
+
+def test_verify_reports_a_checkpoint_fifo_instead_of_waiting_on_it(storage: Path) -> None:
+    """``verify`` says a checkpoint that is a FIFO would be ignored, without blocking on it."""
+    import asyncio
+
+    from context_persistent.repair import verify
+
+    async def make() -> None:
+        async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+            await store.add_message({"role": "user", "content": "hi"})
+
+    asyncio.run(make())
+    (storage / "s" / CHECKPOINT_NAME).unlink(missing_ok=True)
+    os.mkfifo(storage / "s" / CHECKPOINT_NAME, 0o600)
+    report = verify(storage / "s", "s")
+    assert report.checkpoint["status"] == "ignored" and "not a regular file" in report.checkpoint["reason"]
