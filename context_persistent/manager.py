@@ -195,8 +195,8 @@ class PersistentContextManager:
         cfg = cls.check_config(config)
         storage_path = Path(storage_path).expanduser()
         log = await open_log(storage_path, session_id, cfg, readonly=readonly)
-        store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-        try:
+        try:  # (whatever fails after the log is open, its writer lock is released)
+            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
             await store._load()
         except BaseException:
             await log.close()

@@ -482,3 +482,21 @@ def test_verify_reports_a_checkpoint_fifo_instead_of_waiting_on_it(storage: Path
     os.mkfifo(storage / "s" / CHECKPOINT_NAME, 0o600)
     report = verify(storage / "s", "s")
     assert report.checkpoint["status"] == "ignored" and "not a regular file" in report.checkpoint["reason"]
+
+
+async def test_an_open_that_fails_after_the_log_is_open_releases_the_lock(storage: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """If building the store fails once the log (and its lock) is open, the lock is released."""
+    from context_persistent import checkpoint
+
+    real = checkpoint.Checkpointer.__init__
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "__init__", broken)
+    with pytest.raises(MemoryError):
+        await PersistentContextManager.open(storage_path=storage, session_id="s")
+    monkeypatch.setattr(checkpoint.Checkpointer, "__init__", real)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        assert store.head_seq == 1
