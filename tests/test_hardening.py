@@ -500,3 +500,16 @@ async def test_an_open_that_fails_after_the_log_is_open_releases_the_lock(storag
     monkeypatch.setattr(checkpoint.Checkpointer, "__init__", real)
     async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
         assert store.head_seq == 1
+
+
+async def test_an_export_into_the_session_folder_replaces_a_planted_link(storage: Path, tmp_path: Path) -> None:
+    """An export whose target (inside the storage) is a symlink replaces the link with the file; the link's
+    target is not written (the temp file is created exclusively, the rename replaces the link itself)."""
+    victims = _victims(tmp_path)
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "hi"})
+        target = storage / "s" / "compaction-0000000002.jsonl"
+        target.symlink_to(victims["log"])
+        await store.export(target)
+    assert not target.is_symlink() and '"hi"' in target.read_text()
+    _untouched(victims)
