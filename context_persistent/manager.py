@@ -499,6 +499,10 @@ class PersistentContextManager:
         await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
+        if isinstance(self._log, FileEventLog):  # the audit snapshots of export_on_compact must not keep it
+            from .snapshot import rewrite_audit_exports
+
+            await rewrite_audit_exports(self, split_key(key)[0])
 
     # -- reading ------------------------------------------------------------------------------------
     def _check_open(self) -> None:

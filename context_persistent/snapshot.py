@@ -156,6 +156,33 @@ async def open_at(store: PersistentContextManager, at_seq: int) -> PersistentCon
     return past
 
 
+_AUDIT_EXPORT_RE = re.compile(r"compaction-([0-9]{10})\.jsonl")
+
+
+async def rewrite_audit_exports(store: PersistentContextManager, since_seq: int) -> list[Path]:
+    """Rewrite the store's own audit snapshots (``<session>/compaction-<seq>.jsonl``, written by
+    ``export_on_compact``) made at ``since_seq`` or later, as of their seq: after a redaction, so that no
+    export the store wrote keeps the redacted message. Returns the files rewritten; a failure is logged."""
+    folder = store._log_dir()
+    done: list[Path] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return done
+    for name in names:
+        m = _AUDIT_EXPORT_RE.fullmatch(name)
+        if m is None or not since_seq <= int(m[1]) <= store.head_seq:
+            continue
+        path = folder / name
+        try:
+            await export(store, path, format="jsonl", view="reasoning", at_seq=int(m[1]))
+            done.append(path)
+        except Exception as e:  # (the redaction is durable; this is a copy)
+            logger.warning("session %s: could not rewrite %s after a redaction (%s); it may still hold the "
+                           "redacted message: delete it", store.session_id, path, e)
+    return done
+
+
 async def view_messages(store: PersistentContextManager, view: str, token_budget: int | None = None
                         ) -> list[dict[str, Any]]:
     """The messages of ``view`` (``full``, ``conversation``, ``reasoning`` or ``request``), as a copy."""

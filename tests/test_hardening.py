@@ -513,3 +513,24 @@ async def test_an_export_into_the_session_folder_replaces_a_planted_link(storage
         await store.export(target)
     assert not target.is_symlink() and '"hi"' in target.read_text()
     _untouched(victims)
+
+
+async def test_a_redaction_rewrites_the_audit_snapshots_that_held_the_message(storage: Path) -> None:
+    """``export_on_compact`` snapshots (``compaction-<seq>.jsonl``) written before a redaction are rewritten
+    as of their seq without the redacted message; older ones and other files are left alone."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "hello"})       # seq 2
+        before = storage / "s" / "compaction-0000000002.jsonl"
+        await store.export(before, view="reasoning")
+        await store.add_message({"role": "user", "content": SECRET_TEXT})   # seq 3
+        await store.add_message({"role": "assistant", "content": "noted"})  # seq 4
+        audit = storage / "s" / "compaction-0000000004.jsonl"
+        await store.export(audit, view="reasoning")
+        mine = storage / "s" / "my-copy.jsonl"
+        await store.export(mine, view="reasoning")
+        old_before = before.read_bytes()
+        assert SECRET_TEXT in audit.read_text()
+        await store.redact(1)
+    assert SECRET_TEXT not in audit.read_text() and '"noted"' in audit.read_text()
+    assert before.read_bytes() == old_before
+    assert SECRET_TEXT in mine.read_text()  # (a file the store did not write as an audit snapshot)
