@@ -607,6 +607,7 @@ class PersistentContextManager:
                 large.append((i, message))
         if not large:
             return
+        self._counter.name  # noqa: B018 (load the encoding here: a first load in the thread would race the loop's counts)
         busy = self._large_busy = asyncio.get_running_loop().create_future()
         try:
             for i, message in large:
