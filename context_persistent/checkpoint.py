@@ -538,7 +538,8 @@ class FileCheckpointStore:
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through one") from None
+                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through "
+                                      "one") from None
             raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

@@ -592,7 +592,9 @@ class PersistentContextManager:
         if self._count_hint[2] is None and self._counter.name != self._counter.requested:
             return  # (_token_counts is about to count everything again with the estimator)
         lazy = type(tokens) is LazyList and not tokens.loaded
-        indices = [i for i in tokens.known_indices() if i >= first] if lazy else range(first, n)  # type: ignore[attr-defined]
+        indices: Any = range(first, n)
+        if lazy:
+            indices = [i for i in tokens.known_indices() if i >= first]  # type: ignore[attr-defined]
         large = []
         for i in indices:
             if lazy:
@@ -607,7 +609,7 @@ class PersistentContextManager:
                 large.append((i, message))
         if not large:
             return
-        self._counter.name  # noqa: B018 (load the encoding here: a first load in the thread would race the loop's counts)
+        self._counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
         busy = self._large_busy = asyncio.get_running_loop().create_future()
         try:
             for i, message in large:

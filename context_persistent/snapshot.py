@@ -38,8 +38,8 @@ from . import codec
 from . import events as ev
 from . import snapshot_codec as sc
 from .errors import InvalidRecordError, SessionExistsError
-from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs, session_dir,
-                    validate_session_id)
+from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
+                    session_dir, validate_session_id)
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
 

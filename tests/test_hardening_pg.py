@@ -98,7 +98,8 @@ def test_tail_follow_waits_for_a_database_session_that_does_not_exist_yet(pg_dsn
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "context_persistent", "tail", sid, "-f", "--dsn", pg_dsn, "--until-seq", "2", "--timeout", "30", "--json"]
+    cmd = [sys.executable, "-m", "context_persistent", "tail", sid, "-f", "--dsn", pg_dsn, "--until-seq", "2",
+           "--timeout", "30", "--json"]
     env = {**subprocess_env, "CONTEXT_PERSISTENT_PG_SCHEMA": pg_schema}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
