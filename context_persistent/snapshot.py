@@ -247,6 +247,8 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
     parent = path.parent
     if not parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, f"folder {parent} does not exist (create it first)", str(parent))
+    if os.path.lexists(parent / LOG_NAME):  # a session folder (export_on_compact): no leftovers pile up there
+        clean_stale_temp_files(parent)
     tmp = parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     done = 0
     try:
@@ -266,6 +268,32 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
         raise
     fsync_dir(parent)
     return total
+
+
+_TMP_FILE_RE = re.compile(r"\..+\.tmp-([0-9]+)-[0-9a-f]{8}")
+
+
+def clean_stale_temp_files(folder: Path) -> list[Path]:
+    """Remove the temp files of exports killed midway in ``folder`` (``.<name>.tmp-<pid>-<8 hex>``): regular
+    files of ours whose process is gone. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TMP_FILE_RE.fullmatch(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[1])):
+                continue
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+            logger.info("removed %s, left by an export that did not finish (pid %s)", entry.path, m[1])
+        except OSError as e:
+            logger.info("could not remove the leftover temp file %s: %s", entry.path, e)
+    return removed
 
 
 def _private_opener(path: str, flags: int) -> int:

@@ -534,3 +534,50 @@ async def test_a_redaction_rewrites_the_audit_snapshots_that_held_the_message(st
     assert SECRET_TEXT not in audit.read_text() and '"noted"' in audit.read_text()
     assert before.read_bytes() == old_before
     assert SECRET_TEXT in mine.read_text()  # (a file the store did not write as an audit snapshot)
+
+
+_STALLED_EXPORT = """
+import asyncio, os, sys, time
+from pathlib import Path
+from context_persistent import snapshot
+def stall(src, dst):
+    print("READY", flush=True)   # the temp file is written, not renamed yet
+    time.sleep(600)
+snapshot.os.replace = stall
+asyncio.run(snapshot.write_atomic(Path(sys.argv[1]), [b"x" * 100]))
+"""
+
+
+async def test_temp_files_of_a_killed_export_in_a_session_folder_are_removed(
+        storage: Path, subprocess_env: dict[str, str]) -> None:
+    """An export into a session folder killed before its rename leaves a hidden temp file; the next export into
+    that folder removes it (its process is gone), and keeps a live one's."""
+    import signal
+    import subprocess
+    import sys
+
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "hi"})
+    folder = storage / "s"
+    procs = []
+    for name in ("compaction-0000000002.jsonl", "compaction-0000000003.jsonl"):
+        proc = subprocess.Popen([sys.executable, "-c", _STALLED_EXPORT, str(folder / name)], env=subprocess_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY", proc.communicate()
+        procs.append(proc)
+    killed, live = procs
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        assert any(p.name.endswith(f".tmp-{killed.pid}-" + p.name[-8:]) for p in folder.iterdir())
+        async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+            await store.export(folder / "compaction-0000000004.jsonl", view="reasoning")
+        names = [p.name for p in folder.iterdir()]
+        assert not any(f".tmp-{killed.pid}-" in n for n in names), names
+        assert any(f".tmp-{live.pid}-" in n for n in names), names
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+            proc.stdout.close(), proc.stderr.close()  # type: ignore[union-attr]
