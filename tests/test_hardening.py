@@ -581,3 +581,18 @@ async def test_temp_files_of_a_killed_export_in_a_session_folder_are_removed(
                 proc.kill()
             proc.wait(30)
             proc.stdout.close(), proc.stderr.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("role", [["user"], {"user": 1}])
+async def test_an_import_with_a_list_or_dict_role_names_the_line(storage: Path, tmp_path: Path, role: Any) -> None:
+    """A foreign file whose message has a list or dict role is refused with the ValueError naming the line."""
+    import json
+
+    from context_persistent import import_
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"role": "user", "content": "a"}) + "\n" + json.dumps({"role": role, "content": "x"})
+                   + "\n")
+    with pytest.raises(ValueError, match="line 2.*unknown role"):
+        await import_(src, session_id="x", storage_path=storage)
+    assert not (storage / "x").exists()
