@@ -20,6 +20,7 @@ from .errors import (
     SessionLockedError,
     SessionNotFoundError,
     StoreClosedError,
+    UnsafeStorageError,
     UnsupportedFormatError,
 )
 from .manager import PersistentContextManager
@@ -52,6 +53,7 @@ __all__ = [
     "SessionLockedError",
     "SessionNotFoundError",
     "StoreClosedError",
+    "UnsafeStorageError",
     "UnsupportedFormatError",
     "__version__",
     "import_",

@@ -62,6 +62,7 @@ import functools
 import gc
 import logging
 import os
+import stat
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ import orjson
 
 from . import codec
 from .grouping import has_result_blocks, is_real_user_turn, is_system
-from .paths import CHECKPOINT_NAME, FILE_MODE, fsync_dir, write_all
+from .paths import CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
 from .projection import BaseLoader, LazyList, LoadRefused, Projection
 
 logger = logging.getLogger("context_persistent.checkpoint")
@@ -518,10 +519,32 @@ class FileCheckpointStore:
         self.tmp = directory / (CHECKPOINT_NAME + ".tmp")
 
     async def load(self) -> bytes | None:
+        return self.read_sync()
+
+    def read_sync(self) -> bytes | None:
+        """The stored payload, or None if there is none (CheckpointError: not a regular file)."""
+        f = self._open()
+        if f is None:
+            return None
+        with f:
+            return f.read()  # type: ignore[no-any-return]
+
+    def _open(self) -> Any:
+        """The checkpoint file opened for reading, or None: never through a symlink, and only a regular file
+        (a FIFO or a device in its place would block or never end; CheckpointError, so it is ignored)."""
         try:
-            return self.path.read_bytes()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through "
+                                      "one") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointError(f"{self.path} is not a regular file")
+        return os.fdopen(fd, "rb")
 
     async def save(self, payload: bytes, seq: int) -> None:
         await asyncio.to_thread(self.save_sync, payload)
@@ -558,9 +581,10 @@ class FileCheckpointStore:
         return len(prefix) + count
 
     def _save(self, write: Callable[[int], None]) -> None:
-        # A fixed temp name is safe: only the lock holder writes checkpoints. O_TRUNC reuses a leftover.
+        # A fixed temp name is safe: only the lock holder writes checkpoints. A leftover (or a link planted in
+        # its place) is removed, never written through: the file is created anew, without following symlinks.
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            fd = create_private_file(self.tmp.parent, self.tmp.name)
             try:
                 write(fd)
                 os.fsync(fd)
@@ -575,9 +599,8 @@ class FileCheckpointStore:
     def open_front(self) -> tuple[Checkpoint, Any, int, int] | None:
         """Read and verify only the header and front section: ``(checkpoint, open file, state offset, state
         length)``, or None if there is no checkpoint. The caller owns the file (it reads the state from it)."""
-        try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:
+        f = self._open()
+        if f is None:
             return None
         try:
             cp, offset, length = read_front(f)
@@ -639,7 +662,8 @@ class _Prepared:
     front_json: bytes
     counted: int
     base: dict[str, Any] | None = None
-    splice: tuple[Any, int, int] | None = None  #: (checkpoint file, offset, length) of the section to copy
+    #: (descriptor of the checkpoint file, owned by the write; offset, length) of the state section to copy
+    splice: tuple[int, int, int] | None = None
 
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
@@ -948,8 +972,15 @@ class Checkpointer:
                 f, offset, length, source = self._lazy_source
                 # The counts in the copied section were made by source.tokenizer (checked: the current one).
                 name = tokenizer() if source.tokenizer is not None or front_counts else None
-                return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
-                                 (f, offset, length))
+                try:
+                    # Our own descriptor, taken now: a read of the rest (get_messages) before the background
+                    # write runs closes the file the section is copied from.
+                    src = os.dup(f.fileno())
+                except (OSError, ValueError):
+                    pass  # (no descriptor left): capture the whole state instead, below
+                else:
+                    return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
+                                     (src, offset, length))
         state.materialise()
         counted = _counted(state)
         front_json = b"null"
@@ -970,17 +1001,18 @@ class Checkpointer:
         store = self.store
         assert store is not None
         seq = prep.seq
+        splice = prep.splice
         try:
             if self.first_crc is None:
                 self.first_crc = await first_record_crc(log)
             fields = dict(session_id=self.session_id, seq=seq, position=prep.position, first_crc=self.first_crc,
                           last_crc=prep.last_crc, tokenizer=prep.tokenizer, front_json=prep.front_json,
                           base=prep.base)
-            if prep.splice is not None:
-                f, offset, length = prep.splice
+            if splice is not None:
+                src, offset, length = splice
                 assert isinstance(store, FileCheckpointStore)
                 prefix = encode_front(state_bytes=length, **fields)  # type: ignore[arg-type]
-                src = os.dup(f.fileno())  # (a load of the rest may close the file meanwhile)
+                splice = None  # save_copying closes src
                 size = await asyncio.to_thread(store.save_copying, prefix, src, offset, length + 1 + _TRAILER)
             else:
                 assert prep.captured is not None
@@ -1002,4 +1034,6 @@ class Checkpointer:
         else:
             self.error = None
         finally:
+            if splice is not None:  # (failed before the copy began)
+                os.close(splice[0])
             self._task = None

@@ -129,3 +129,16 @@ class MalformedInputError(ContextPersistentError, ValueError):
 
 class LogChangedError(ContextPersistentError):
     """A follower found that records it had already reported were removed or rewritten (not by appending)."""
+
+
+class UnsafeStorageError(ContextPersistentError, PermissionError):
+    """A storage or session folder, or a file the store writes, is not safe to write: a folder not owned by
+    this user or writable by others, or a symbolic link (or hard-linked file) where the store writes. The
+    store never follows a symlink it writes through, so nothing outside the storage can be modified."""
+
+    def __init__(self, errno_: int, message: str, path: str) -> None:
+        super().__init__(errno_, message, path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -40,7 +40,7 @@ def validate_message(message: Any, where: str = "message") -> bytes:
     if not isinstance(message, dict):
         raise ValueError(f"{where} must be a dict with a 'role', got {type(message).__name__}")
     role = message.get("role")
-    if role not in _ROLE_SET:
+    if not isinstance(role, str) or role not in _ROLE_SET:  # (a list or dict role is unhashable)
         if "role" not in message:
             raise ValueError(f"{where} has no 'role' key; allowed roles: {', '.join(ROLES)}")
         raise ValueError(f"{where} has unknown role {role!r}; allowed roles: {', '.join(ROLES)}")

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .errors import ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError
-from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, write_all
+from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError,
+                     UnsafeStorageError)
+from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
+                    open_private_dir, open_private_file, private_dir, write_all)
 
 FSYNC_MODES = ("always", "batch", "never")
 
@@ -92,9 +94,13 @@ class FileLock:
     two processes; the kernel drops the lock when its holder dies, so a stale lock is simply free.
     """
 
-    def __init__(self, path: Path, session_id: str) -> None:
+    def __init__(self, path: Path, session_id: str, dir_fd: int | None = None) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        if dir_fd is None:
+            with private_dir(path.parent) as dir_fd:
+                self.fd = open_private_file(dir_fd, path.name, os.O_RDWR | os.O_CREAT, path.parent)
+        else:
+            self.fd = open_private_file(dir_fd, path.name, os.O_RDWR | os.O_CREAT, path.parent)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -103,8 +109,13 @@ class FileLock:
                 raise SessionLockedError(session_id, _read_lock_pid(path), f"({path})") from None
             raise
         pid = str(os.getpid()).encode()
-        os.pwrite(self.fd, pid, 0)  # write, then trim: a reader never sees an empty file while we hold it
-        os.ftruncate(self.fd, len(pid))
+        try:
+            write_all(self.fd, pid, 0)  # write, then trim: a reader never sees an empty file while we hold it
+            os.ftruncate(self.fd, len(pid))
+        except BaseException:
+            os.close(self.fd)  # (a full disk): closing drops the flock, so the session is not left locked
+            self.fd = -1
+            raise
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -234,18 +245,28 @@ class FileEventLog:
             return
         if not self.existed and not create:
             raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
+        dir_fd = -1
         try:
             make_private_dirs(directory)
-            self._lock = FileLock(directory / LOCK_NAME, session_id)
+            check_storage_root(directory.parent)
+            # Every file is opened relative to the verified folder, never through a symbolic link.
+            dir_fd = open_private_dir(directory)
+            self._lock = FileLock(directory / LOCK_NAME, session_id, dir_fd)
+        except UnsafeStorageError:
+            if dir_fd >= 0:
+                os.close(dir_fd)
+            raise
         except OSError as e:
+            if dir_fd >= 0:
+                os.close(dir_fd)
             raise LogWriteError(str(directory), "open the session folder", e, "nothing was written") from e
         try:
-            self.existed = self.path.exists()
+            self.existed = os.path.lexists(self.path)
             # Not O_APPEND: records are written at ``self.size``, which may be inside the reserved tail.
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            self._fd = open_private_file(dir_fd, LOG_NAME, os.O_RDWR | os.O_CREAT, directory)
             if not self.existed:
                 os.fsync(self._fd)
-                fsync_dir(directory)
+                os.fsync(dir_fd)
             self._reserved = os.fstat(self._fd).st_size
             self.size = data_end(self._fd, self._reserved)
             if self._reserved > self.size and not self._reserving:
@@ -256,9 +277,11 @@ class FileEventLog:
                 self._reserved = self.size
         except BaseException as e:
             self._release()
-            if isinstance(e, OSError):
+            if isinstance(e, OSError) and not isinstance(e, UnsafeStorageError):
                 raise LogWriteError(str(self.path), "open for writing", e, "nothing was written") from e
             raise
+        finally:
+            os.close(dir_fd)
 
     @property
     def position(self) -> int:
@@ -373,7 +396,7 @@ class FileEventLog:
             data = f.read(torn.length)
         side = self.directory / f"{LOG_NAME}.torn-{torn.offset}-{os.getpid()}-{os.urandom(3).hex()}"
         try:
-            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
             try:
                 write_all(fd, data)
                 os.fsync(fd)

@@ -22,7 +22,7 @@ from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
 from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
-from .tokens import DEFAULT_ENCODING, TokenCounter, resolve_tokenizer
+from .tokens import DEFAULT_ENCODING, PIECE, TokenCounter, message_text, resolve_tokenizer
 from .views import conversation_view, reasoning_view
 
 if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `import context_persistent` stays cheap
@@ -30,6 +30,10 @@ if TYPE_CHECKING:  # compaction, checkpoints and snapshots load on first use: `i
     from .compaction.incremental import Anchor
 
 logger = logging.getLogger("context_persistent")
+
+#: Messages with at least this many characters of text are tokenised in a worker thread (see
+#: ``_count_large_off_loop``): about 10-50 ms of tiktoken at this size, and seconds for megabytes.
+LARGE_TEXT = PIECE
 
 PROGRAM = "context-persistent"
 EVENT_RECOVERED = "context:recovered"
@@ -193,6 +197,9 @@ class PersistentContextManager:
         self._epoch = 0
         #: (epoch, n, token list): the first n counts of that list were complete at that epoch.
         self._count_hint: tuple[int, int, Any] = (-1, 0, None)
+        #: (token list, n): messages below n of that list were looked at by _count_large_off_loop.
+        self._large_seen: tuple[Any, int] = (None, 0)
+        self._large_busy: asyncio.Future[None] | None = None
         #: Stats of the last compaction that changed the view (for stats() and the CLI).
         self.last_compaction: dict[str, Any] | None = None
         self._last_compaction_export_seq = 0
@@ -231,8 +238,8 @@ class PersistentContextManager:
         cfg = cls.check_config(config)
         storage_path = Path(storage_path).expanduser()
         log = await open_log(storage_path, session_id, cfg, readonly=readonly)
-        store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-        try:
+        try:  # (whatever fails after the log is open, its writer lock is released)
+            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
             await store._load()
         except BaseException:
             await log.close()
@@ -736,6 +743,10 @@ class PersistentContextManager:
         self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
+        if isinstance(self._log, FileEventLog):  # the audit snapshots of export_on_compact must not keep it
+            from .snapshot import rewrite_audit_exports
+
+            await rewrite_audit_exports(self, split_key(key)[0])
 
     # -- reading ------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -810,10 +821,59 @@ class PersistentContextManager:
     def _count_one(self, i: int) -> int:
         return self._count_indices((i,))[i]  # type: ignore[return-value]
 
+    async def _count_large_off_loop(self) -> None:
+        """Count the uncounted messages whose text is long (``LARGE_TEXT`` characters or more) in a worker
+        thread, before a request view or a token count needs them: tokenising megabytes takes seconds, and
+        tiktoken releases the GIL, so the event loop stays responsive meanwhile. Each message is looked at
+        once, when it is new (``_large_seen``); a lazy history's unloaded part is never read. A second caller
+        waits for a count in progress (else it would count the same message on the loop)."""
+        while self._large_busy is not None:
+            await asyncio.shield(self._large_busy)
+        state = self._state
+        tokens = state.tokens
+        messages = state.messages
+        seen, seen_n = self._large_seen
+        n = len(tokens)
+        first = seen_n if seen is tokens and seen_n <= n else 0
+        if first >= n:
+            return
+        self._large_seen = (tokens, n)
+        if self._count_hint[2] is None and self._counter.name != self._counter.requested:
+            return  # (_token_counts is about to count everything again with the estimator)
+        lazy = type(tokens) is LazyList and not tokens.loaded
+        indices: Any = range(first, n)
+        if lazy:
+            indices = [i for i in tokens.known_indices() if i >= first]  # type: ignore[attr-defined]
+        large = []
+        for i in indices:
+            if lazy:
+                if tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
+                    continue
+                message = messages.get_known(i)  # type: ignore[attr-defined]
+            else:
+                if tokens[i] is not None:
+                    continue
+                message = messages[i]
+            if message is not None and len(message_text(message)) >= LARGE_TEXT:
+                large.append((i, message))
+        if not large:
+            return
+        self._counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
+        busy = self._large_busy = asyncio.get_running_loop().create_future()
+        try:
+            for i, message in large:
+                counted = await asyncio.to_thread(self._counter.count_message, message)
+                if self._state is state and i < len(state.messages) and state.messages[i] is message:
+                    state.tokens[i] = counted  # (unless the history changed meanwhile)
+        finally:
+            self._large_busy = None
+            busy.set_result(None)
+
     async def get_token_count(self) -> int:
         """Returns the tokens of the full history under the active counter (see ``stats()['tokenizer']``).
         Raises StoreClosedError after ``close()``."""
         self._check_open()
+        await self._count_large_off_loop()
         return sum(self._token_counts())
 
     def resolve_budget(self, token_budget: int | None = None, provider: Any = None) -> tuple[int, str]:
@@ -850,6 +910,7 @@ class PersistentContextManager:
         from . import compaction
         from .compaction.incremental import anchor, extend
 
+        await self._count_large_off_loop()
         state = self._state
         version = state.version
         cached = self._view_cache
@@ -1039,6 +1100,7 @@ class PersistentContextManager:
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
             "tokenizer_requested": self._counter.asked,
+            "tokens_bounded": self._counter.bounded,
             "fsync": self._fsync,
             "reserve_tail": self.config["reserve_tail"],
             "loaded_from_file": self._loaded_from_file,

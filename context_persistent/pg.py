@@ -24,7 +24,7 @@ import re
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from . import codec
 from .errors import (
@@ -79,7 +79,8 @@ def resolve_dsn(dsn: str | None) -> str:
         raise ValueError(f"the postgres backend needs a dsn (config 'dsn', --dsn, or ${ENV_DSN}), "
                          "e.g. postgresql://user@host:5432/dbname")
     if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
-        raise ValueError(f"dsn must be a postgresql:// or postgres:// URL, got {value!r}")
+        shown = redact_dsn(value) if isinstance(value, str) else value
+        raise ValueError(f"dsn must be a postgresql:// or postgres:// URL, got {shown!r}")
     return value
 
 
@@ -92,14 +93,63 @@ def resolve_schema(schema: str | None) -> str:
     return value
 
 
+#: Query parameters of a DSN that hold secrets (libpq's names): masked wherever a DSN is shown.
+_SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    """The DSN without its passwords (the userinfo part and ``?password=``/``?sslpassword=``), for messages."""
+    try:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, host = netloc.rsplit("@", 1)
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+        query = parts.query
+        if query:
+            pairs = [p.split("=", 1) for p in query.split("&")]
+            query = "&".join(f"{p[0]}=***" if len(p) == 2 and unquote(p[0]).lower() in _SECRET_PARAMS
+                             else "=".join(p) for p in pairs)
+        out = f"{parts.scheme}://{netloc}{parts.path}"  # (not urlunsplit: it drops the // of an empty host)
+        return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    except ValueError:  # not a URL we can take apart (a bad port, brackets): show no userinfo or query at all
+        return re.sub(r"\?.*$", "?***", re.sub(r"//[^/@]*@", "//***@", dsn))
+
+
+def _secrets(dsn: str) -> list[str]:
+    """The password strings in a DSN (as written and decoded), longest first, to scrub from foreign text."""
+    found: set[str] = set()
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(dsn)
+        if parts.password:
+            found.update((parts.password, unquote(parts.password)))
+        for k, v in parse_qsl(parts.query, keep_blank_values=True):
+            if k.lower() in _SECRET_PARAMS and v:
+                found.add(v)
+        for p in parts.query.split("&"):
+            k, _, v = p.partition("=")
+            if unquote(k).lower() in _SECRET_PARAMS and v:
+                found.add(v)
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub(text: str, dsn: str) -> str:
+    """``text`` (an error from the driver) with the DSN's passwords masked."""
+    for secret in _secrets(dsn):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _endpoint(dsn: str) -> str:
+    """``host:port`` a DSN points at, for messages (libpq's defaults: a local socket, port 5432)."""
+    try:
+        parts = urlsplit(dsn)
+        query = dict(parse_qsl(parts.query))
+        host = parts.hostname or query.get("host") or "localhost"
+        port = parts.port or query.get("port") or 5432
+    except ValueError:
+        return "(unparsable host)"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _digest(schema: str, session_id: str, size: int) -> bytes:
@@ -146,7 +196,12 @@ async def connect(dsn: str, *, writer: bool = False, timeout: float = 10.0) -> A
     try:
         return await apg.connect(dsn, timeout=timeout, server_settings=settings)
     except (OSError, asyncio.TimeoutError, apg.PostgresError, apg.InterfaceError) as e:
-        raise DatabaseError(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: {e or type(e).__name__}") from e
+        if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+            why = (f"timed out after {timeout:g} s: the server at {_endpoint(dsn)} did not complete the "
+                   "connection (is the host reachable and the port right?)")
+        else:
+            why = f"{type(e).__name__}: {scrub(str(e), dsn)}" if str(e) else type(e).__name__
+        raise DatabaseError(f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({_endpoint(dsn)}): {why}") from None
 
 
 # -- schema -----------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
 from .log import FileLock, crash_leaves, data_size
-from .paths import FILE_MODE, LOCK_NAME, LOG_NAME, fsync_dir, write_all
+from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import Projection
 from .semantic import Finding, check as semantic_check
 
@@ -374,9 +374,10 @@ def _check_checkpoint(directory: Path, session_id: str
     status: dict[str, Any] = {"status": "missing", "ok": True}
     store = FileCheckpointStore(directory)
     try:
-        payload = store.path.read_bytes()
-    except FileNotFoundError:
+        payload = store.read_sync()  # (never blocks on a FIFO, never reads through a link)
+    except CheckpointError as e:
         payload = None
+        status.update(status="ignored", ok=False, reason=str(e))
     cp = None
     if payload is not None:
         try:
@@ -452,7 +453,7 @@ class _Writer:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        self.fd = create_private_file(path.parent, path.name)  # (never through a link left in its place)
         self.buf: list[bytes] = []
         self.buffered = 0
         self.size = 0

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
+import hashlib
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -34,8 +37,9 @@ import orjson
 from . import codec
 from . import events as ev
 from . import snapshot_codec as sc
-from .errors import SessionExistsError
-from .paths import DIR_MODE, FILE_MODE, LOG_NAME, fsync_dir, make_private_dirs, session_dir, validate_session_id
+from .errors import InvalidRecordError, SessionExistsError
+from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
+                    session_dir, validate_session_id)
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
 
@@ -53,15 +57,73 @@ PROGRAM = "context-persistent"
 
 # -- time travel ------------------------------------------------------------------------------------
 async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
-    """The projection after every record with ``seq <= at_seq`` (all records when None): a pure fold."""
+    """The projection after every record with ``seq <= at_seq`` (all records when None), less every message
+    redacted at any seq.
+
+    A redaction hides its message from every view at every seq: the past state is the fold up to ``at_seq``
+    with the messages that any ``redacted`` event of the log names taken out, and with them every message
+    of that state identical to a redacted one (``set_messages`` re-adds the messages it keeps under new keys,
+    so the message a past state holds may be an earlier copy of the one that was redacted). ``at``,
+    ``export(at_seq=)``, ``fork(at_seq=)`` and ``show --at`` therefore never reveal what was redacted later.
+    """
+    redacted: set[int] = set()
+    if at_seq is not None:  # (at the head, the fold has applied every redaction already)
+        async for batch in log.read_batches():
+            redacted.update(_redacted_key(rec) for rec in batch if rec["type"] == ev.REDACTED)
     state = Projection()
     apply = state.apply
+    prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():
         for rec in batch:
-            if at_seq is not None and rec["seq"] > at_seq:
+            if redacted and rec["type"] in (ev.MESSAGE_ADDED, ev.MESSAGES_REPLACED):
+                _note_redacted(rec, redacted, prints)
+            if at_seq is None or rec["seq"] <= at_seq:
+                apply(rec)
+            elif not redacted:
                 return state
-            apply(rec)
+    if redacted:
+        _hide(state, redacted, prints)
     return state
+
+
+def _redacted_key(rec: dict[str, Any]) -> int:
+    key = rec["data"].get("key") if isinstance(rec.get("data"), dict) else None
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise InvalidRecordError(rec.get("seq"), rec.get("type"), f"data.key is {key!r}, not a message key")
+    return key
+
+
+def _fingerprint(message: Any) -> bytes:
+    try:
+        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # (an integer beyond 64 bits)
+        data = repr(message).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) -> None:
+    """Add the fingerprints of the messages of ``rec`` whose keys are redacted."""
+    data = rec["data"]
+    first = make_key(rec["seq"])
+    if rec["type"] == ev.MESSAGE_ADDED:
+        if first in redacted:
+            prints.add(_fingerprint(data["message"]))
+        return
+    for i, m in enumerate(data["messages"]):
+        if first + i in redacted:
+            prints.add(_fingerprint(m))
+
+
+def _hide(state: Projection, keys: set[int], prints: set[bytes]) -> None:
+    """Take the messages with these keys, or identical to a redacted one, out of ``state``."""
+    messages = state.messages
+    gone = [i for i, k in enumerate(state.keys) if k in keys or _fingerprint(messages[i]) in prints]
+    for i in reversed(gone):
+        state.pinned.discard(state.keys[i])
+        del state.messages[i], state.keys[i], state.tokens[i]
+    state.pinned -= keys
+    if gone:
+        state.version += 1
 
 
 def _check_at_seq(at_seq: Any, head: int) -> int:
@@ -92,6 +154,33 @@ async def open_at(store: PersistentContextManager, at_seq: int) -> PersistentCon
         await log.close()
         raise
     return past
+
+
+_AUDIT_EXPORT_RE = re.compile(r"compaction-([0-9]{10})\.jsonl")
+
+
+async def rewrite_audit_exports(store: PersistentContextManager, since_seq: int) -> list[Path]:
+    """Rewrite the store's own audit snapshots (``<session>/compaction-<seq>.jsonl``, written by
+    ``export_on_compact``) made at ``since_seq`` or later, as of their seq: after a redaction, so that no
+    export the store wrote keeps the redacted message. Returns the files rewritten; a failure is logged."""
+    folder = store._log_dir()
+    done: list[Path] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return done
+    for name in names:
+        m = _AUDIT_EXPORT_RE.fullmatch(name)
+        if m is None or not since_seq <= int(m[1]) <= store.head_seq:
+            continue
+        path = folder / name
+        try:
+            await export(store, path, format="jsonl", view="reasoning", at_seq=int(m[1]))
+            done.append(path)
+        except Exception as e:  # (the redaction is durable; this is a copy)
+            logger.warning("session %s: could not rewrite %s after a redaction (%s); it may still hold the "
+                           "redacted message: delete it", store.session_id, path, e)
+    return done
 
 
 async def view_messages(store: PersistentContextManager, view: str, token_budget: int | None = None
@@ -168,6 +257,8 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
     parent = path.parent
     if not parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, f"folder {parent} does not exist (create it first)", str(parent))
+    if os.path.lexists(parent / LOG_NAME):  # a session folder (export_on_compact): no leftovers pile up there
+        clean_stale_temp_files(parent)
     tmp = parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     done = 0
     try:
@@ -187,6 +278,32 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
         raise
     fsync_dir(parent)
     return total
+
+
+_TMP_FILE_RE = re.compile(r"\..+\.tmp-([0-9]+)-[0-9a-f]{8}")
+
+
+def clean_stale_temp_files(folder: Path) -> list[Path]:
+    """Remove the temp files of exports killed midway in ``folder`` (``.<name>.tmp-<pid>-<8 hex>``): regular
+    files of ours whose process is gone. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TMP_FILE_RE.fullmatch(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[1])):
+                continue
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+            logger.info("removed %s, left by an export that did not finish (pid %s)", entry.path, m[1])
+        except OSError as e:
+            logger.info("could not remove the leftover temp file %s: %s", entry.path, e)
+    return removed
 
 
 def _private_opener(path: str, flags: int) -> int:
@@ -245,8 +362,18 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
     target = _target(storage_path, session_id)
     storage = Path(storage_path)
     make_private_dirs(storage)
-    tmp = storage / f".tmp-{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
+    check_storage_root(storage)  # (the temp folder and the session folder are made here)
+    clean_stale_temp_folders(storage)
+    tmp = storage / f"{TMP_PREFIX}{session_id}-{os.getpid()}-{os.urandom(4).hex()}"
     os.mkdir(tmp, DIR_MODE)
+    # Held until the folder is renamed or removed: a cleaner never removes a temp folder a live process uses.
+    busy = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    try:
+        fcntl.flock(busy, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(busy)
+        os.rmdir(tmp)
+        raise
     try:
         os.chmod(tmp, DIR_MODE)
         async with aiofiles.open(tmp / LOG_NAME, "xb", opener=_private_opener) as f:
@@ -265,8 +392,61 @@ async def create_session(storage_path: str | os.PathLike[str], session_id: str, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(busy)
     fsync_dir(storage)
     return target / LOG_NAME
+
+
+TMP_PREFIX = ".tmp-"
+_TMP_RE = re.compile(r"\.tmp-(.+)-([0-9]+)-[0-9a-f]{8}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # (someone else's process)
+    return True
+
+
+def clean_stale_temp_folders(storage: Path) -> list[Path]:
+    """Remove the temp folders an import or fork killed midway left in ``storage``; returns what was removed.
+
+    Only folders of ours: named ``.tmp-<session>-<pid>-<8 hex>``, real folders (not links) owned by this user,
+    whose process is gone (no such pid), and whose ``flock`` can be taken: the process that makes one holds
+    that lock until the folder is renamed into place or removed, so a folder being written is never touched.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(storage))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        m = _TMP_RE.fullmatch(entry.name)
+        if m is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[2])):
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live process holds it
+            shutil.rmtree(entry.path)  # (never follows a link inside it)
+            removed.append(Path(entry.path))
+            logger.info("removed %s, left by an import or fork that did not finish (pid %s)", entry.path, m[2])
+        except OSError as e:
+            logger.info("could not remove the leftover temp folder %s: %s", entry.path, e)
+        finally:
+            os.close(fd)
+    return removed
 
 
 async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],

@@ -144,6 +144,13 @@ def _load_encoding(name: str) -> Any:
 MESSAGE_OVERHEAD = 4
 #: Tokens for a tool call's framing (id, type, name markers) on top of its name and arguments.
 TOOL_CALL_OVERHEAD = 3
+#: Texts longer than this (characters) are counted in pieces of at most this size, cut before whitespace
+#: where there is some: tiktoken's cost grows faster than the length on long runs without spaces (base64,
+#: minified code; a 2 MB run of letters takes 3x as long whole as in pieces), so a piecewise count keeps the
+#: cost linear. Such a count is *bounded*, not exact: within about a token per cut (docs/performance.md);
+#: ``TokenCounter.bounded`` counts them.
+PIECE = 65_536
+_SPACES = (" ", "\n", "\t", "\r")
 
 
 def _message_text_parts(message: dict[str, Any]) -> list[str]:
@@ -219,6 +226,8 @@ class TokenCounter:
         self._encode: Callable[[str], list[int]] | None = None
         self._loaded = False
         self._name = self.requested
+        #: How many texts were counted in pieces (longer than PIECE): bounded, not exact, counts.
+        self.bounded = 0
 
     def _load(self) -> None:
         if self.requested != ESTIMATOR_NAME:
@@ -245,7 +254,26 @@ class TokenCounter:
             self._load()
         if self._encode is None:
             return -(-len(text) // 4)
-        return len(self._encode(text))
+        if len(text) <= PIECE:
+            return len(self._encode(text))
+        return self._count_pieces(text, self._encode)
+
+    def _count_pieces(self, text: str, encode: Callable[[str], list[int]]) -> int:
+        """A long text counted in pieces of at most PIECE characters, each cut before whitespace where there
+        is some (few tokens span the start of a whitespace run, so such cuts rarely change the count)."""
+        self.bounded += 1
+        total = 0
+        pos = 0
+        n = len(text)
+        while pos < n:
+            end = pos + PIECE
+            if end < n:
+                cut = max(text.rfind(c, pos + 1, end) for c in _SPACES)
+                if cut > pos:
+                    end = cut  # (else: a run without whitespace, cut inside)
+            total += len(encode(text[pos:end]))
+            pos = end
+        return total
 
     def count_message(self, message: dict[str, Any]) -> int:
         """Tokens a provider would see for this message, including the per-message overhead."""

@@ -43,9 +43,9 @@ async def test_fork_at_head_copies_history_and_pins_and_names_the_parent(storage
 async def test_fork_at_an_earlier_seq_takes_the_state_right_after_it(storage: Path) -> None:
     """fork(at_seq=N) holds exactly what the parent held right after event N (pins as of then too)."""
     async with await _parent(storage) as parent:
-        await parent.fork("early", at_seq=4)  # session_started + m0, m1, m2
+        await parent.fork("early", at_seq=4)  # session_started + m0, m1, m2 (m2 redacted later: left out)
     async with await PersistentContextManager.open(storage_path=storage, session_id="early", readonly=True) as child:
-        assert [m["content"] for m in await child.get_messages()] == ["m0 ✓", "m1 ✓", "m2 ✓"]
+        assert [m["content"] for m in await child.get_messages()] == ["m0 ✓", "m1 ✓"]
         assert child._state.pinned == set()
         assert child._state.session["parent"] == {"session_id": "parent", "seq": 4}
 

@@ -10,7 +10,7 @@ import collections
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -420,7 +420,7 @@ async def _tail(args: argparse.Namespace) -> int:
         storage = storage_of(args) if args.follow else require_storage(args)
         log = await open_log(storage, args.session, cfg, readonly=True)
     except SessionNotFoundError:
-        if not args.follow or backend_of(args):
+        if not args.follow:
             raise
         log = None
         where, source = storage_info(args)
@@ -444,16 +444,18 @@ async def _tail(args: argparse.Namespace) -> int:
             return 0
         if args.until_seq is not None and last >= args.until_seq:
             return 0
-        await _follow(args, log, last, on)
+        await _follow(args, log, last, on, cfg)
     finally:
         if log is not None:
             await log.close()
     return 0
 
 
-async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool) -> None:
+async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg: dict[str, Any]) -> None:
     if log is not None:
         stream = log.follow(after)
+    elif backend_of(args):
+        stream = _created_then_followed(args, cfg, after)
     else:
         from ..follow import follow_file
         from ..paths import LOG_NAME, session_dir
@@ -467,6 +469,29 @@ async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool) -> N
                     return
     except TimeoutError:
         return  # --timeout elapsed: a normal end
+
+
+async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], after: int
+                                 ) -> AsyncGenerator[dict[str, Any], None]:
+    """A database session that does not exist yet: open it once it does (polled), then follow it."""
+    from ..errors import SessionNotFoundError
+    from ..manager import open_log
+
+    while True:
+        try:
+            log = await open_log(storage_of(args), args.session, cfg, readonly=True)
+            break
+        except SessionNotFoundError:
+            await asyncio.sleep(0.25)
+    records = log.follow(after)
+    try:
+        async for rec in records:
+            yield rec
+    finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await log.close()
 
 
 # -- registration -----------------------------------------------------------------------------------
