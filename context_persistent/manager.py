@@ -586,6 +586,84 @@ class PersistentContextManager:
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
+    async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
+                    reason: str = "") -> dict[str, Any]:
+        """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
+
+        Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
+        that added it; ``index`` is its position in a ``messages_replaced`` record, 0 otherwise): ``seq`` can
+        name a message no longer in the history (before a clear). Every copy of the same message bytes in
+        the log is replaced by an ``erased`` tombstone keeping its seq and crc (the chain stays valid); the
+        checkpoint is deleted; side files (torn tails, quarantine) and compaction exports in the session
+        folder are rewritten without it; on PostgreSQL the rows are updated in one transaction. Views then
+        behave as if the message were redacted. ``reason`` is stored in the tombstone. See
+        docs/operations.md, "Erasure".
+
+        Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
+        had been) that ``verify_erasure`` and ``context-persistent verify --receipt`` check later. Raises
+        ValueError if the message is not named exactly once or names no message, or ``reason`` is not a
+        string; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses a write (the log is then unchanged); DatabaseError on
+        PostgreSQL when the server fails (nothing changed).
+        """
+        from . import erasure
+        from .projection import Projection
+
+        if not isinstance(reason, str):
+            raise ValueError(f"reason must be a string, got {type(reason).__name__}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_BATCH:
+            raise ValueError(f"index must be an int from 0 to {MAX_BATCH - 1}, got {index!r}")
+        await self._write_held()
+        self._check_writable()
+        while self._flush_task is not None:  # (batch mode: what is queued goes first)
+            await asyncio.shield(self._flush_task)
+        if (message_index is None) == (seq is None):
+            raise ValueError("give exactly one of message_index (position in get_messages()) or seq")
+        if message_index is not None:
+            seq, index = split_key(self._resolve_key(message_index, None))
+        elif isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._state.head_seq:
+            raise ValueError(f"seq must be an int from 1 to {self._state.head_seq}, got {seq!r}")
+        checkpoints = self._checkpoints
+        if checkpoints._task is not None:  # a checkpoint being written would bring the message back
+            await asyncio.shield(checkpoints._task)
+        self._full()  # nothing may be read from the old checkpoint after it is deleted
+        if isinstance(self._log, FileEventLog):
+            erasure.clean_leftovers(self._log.directory)
+            receipt = erasure.erase_file(self, seq, index, reason)
+        else:
+            receipt = await erasure.erase_postgres(self, seq, index, reason)
+        # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
+        if checkpoints._lazy_file is not None:
+            checkpoints._lazy_file.close()
+            checkpoints._lazy_file = None
+        checkpoints._lazy_source = None
+        checkpoints.seq = checkpoints.position = checkpoints.loaded_seq = checkpoints.counted = 0
+        self._state = await checkpoints._replay(self._log, Projection(), 0, None)
+        self._epoch += 1
+        self._view_cache = None
+        self._count_hint = (-1, 0, None)
+        logger.info("session %s: erased the message at seq %d index %d (%d record(s))", self.session_id, seq, index,
+                    len(receipt["records"]))
+        return receipt
+
+    async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
+        """Check an erasure receipt (from ``erase``) against this session as stored now.
+
+        Every file in the session folder (or every row of the session on PostgreSQL) is searched for the
+        erased bytes by their SHA-256 and length, and the log must hold the tombstones the receipt lists.
+        Returns the problems found (an empty list: the bytes are nowhere). Raises ValueError if ``receipt``
+        is not a receipt, or belongs to another session; StoreClosedError after ``close()``.
+        """
+        from . import erasure
+
+        self._check_open()
+        erasure.check_receipt_shape(receipt)
+        if receipt.get("session_id") != self.session_id:
+            raise ValueError(f"the receipt is for session {receipt.get('session_id')!r}, not {self.session_id!r}")
+        if isinstance(self._log, FileEventLog):
+            return erasure.check_receipt(self._log.directory, receipt)
+        return await erasure.check_receipt_postgres(self._log, receipt)
+
     # -- reading ------------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:

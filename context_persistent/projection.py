@@ -281,6 +281,8 @@ class Projection:
             else:
                 del self.messages[i], self.keys[i], self.tokens[i]
                 self.pinned.discard(key)
+        elif kind == ev.ERASED:
+            self._apply_erased(seq, data)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -290,6 +292,30 @@ class Projection:
             raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
+
+    def _apply_erased(self, seq: int, data: dict[str, Any]) -> None:
+        """An erasure tombstone (erasure.py) in place of the record that held the erased messages: the record's
+        other messages apply as before, the erased ones as if redacted."""
+        gone = {e["index"] for e in data["erased"]}
+        if any(type(i) is not int for i in gone) or not gone:
+            raise TypeError("data.erased does not list the erased message indices")
+        of = data["of"]
+        if of == ev.MESSAGE_ADDED:
+            if gone != {0}:
+                raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
+        elif of == ev.MESSAGES_REPLACED:
+            msgs = data["messages"]
+            if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)
+                                             for i, m in enumerate(msgs)):
+                raise TypeError("data.messages is not a list of message objects with null at the erased indices")
+            kept = [i for i in range(len(msgs)) if i not in gone]
+            self.messages = [msgs[i] for i in kept]
+            self.keys = [make_key(seq, i) for i in kept]
+            self.tokens = [None] * len(kept)
+            self.pinned = set()
+        else:
+            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added or messages_replaced record")
+        self.has_history = True
 
     def index_of(self, key: int) -> int | None:
         keys = self.keys
