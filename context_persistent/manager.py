@@ -35,6 +35,7 @@ EVENT_PRE_COMPACT = "context:pre_compact"
 EVENT_POST_COMPACT = "context:post_compact"
 EVENT_COMPACTION = "context:compaction"
 EVENT_TRANSCRIPT_IGNORED = "context:transcript_ignored"
+EVENT_SECRET_REDACTED = "context:secret_redacted"
 
 #: Every configuration key the store understands, with its default (see docs/configuration.md).
 DEFAULTS: dict[str, Any] = {
@@ -50,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "backend": "file",
     "dsn": None,
     "pg_schema": None,
+    "secret_scanner": None,
 }
 
 #: Storage backends (docs/postgres.md): ``dsn`` falls back to $CONTEXT_PERSISTENT_DSN, ``pg_schema`` to
@@ -151,6 +153,8 @@ class PersistentContextManager:
         self._state = Projection()
         self._counter = TokenCounter(config["tokenizer"])
         self._fsync = config["fsync"]
+        #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
+        self._scanner = config.get("secret_scanner")
         #: File appends with fsync always/never complete without suspending: no queue needed.
         self._inline_appends = isinstance(log, FileEventLog) and self._fsync != "batch"
         self._readonly = log.readonly
@@ -234,6 +238,10 @@ class PersistentContextManager:
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
+        if cfg["secret_scanner"] is not None:
+            from .secret_scan import make_scanner
+
+            cfg["secret_scanner"] = make_scanner(cfg["secret_scanner"])
         from .compaction import CompactionConfig
 
         cfg["compaction"] = CompactionConfig.from_config(config)
@@ -445,6 +453,11 @@ class PersistentContextManager:
         # Our own copy (the caller may change its dict later). Validated, the message holds only JSON types, so
         # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
         stored = _copy(message)
+        found = None
+        if self._scanner is not None:
+            hit = self._scanner.redact(stored, msg_json)
+            if hit is not None:
+                stored, msg_json, found = hit
         replay = self._replay
         if replay is not None:
             verdict = replay.offer(stored, msg_json)
@@ -460,10 +473,15 @@ class PersistentContextManager:
             await self._write_held(replay)
             self._check_writable()  # (the store may have been closed meanwhile)
         data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
+        if found is not None:  # what kinds were removed, never the secret (docs/operations.md, "Secrets")
+            data["secrets"] = found
+            data_json = b'{"message":%s,"secrets":%s}' % (msg_json, codec.dumps(found))
         if self._inline_appends:
             await self._commit(ev.MESSAGE_ADDED, data, data_json)
         else:
             await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+        if found is not None:
+            await self._emit(EVENT_SECRET_REDACTED, {"seq": self._state.head_seq, "secrets": found})
 
     async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
         """Write messages held by the replay recogniser: they turned out not to be a replay."""
@@ -488,6 +506,7 @@ class PersistentContextManager:
             await self._write_held()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        parts, secrets = self._redact_all(messages, parts)
         payload = b"[" + b",".join(parts) + b"]"
         if self._loaded_from_file:
             info = {"count": len(parts), "digest": ev.digest(payload), "bytes": len(payload),
@@ -497,8 +516,27 @@ class PersistentContextManager:
             await self._commit(ev.TRANSCRIPT_IGNORED, info)
             await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
             return
-        await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
-                           b'{"messages":%s}' % payload)
+        await self._commit_replaced(payload, secrets)
+
+    def _redact_all(self, messages: list[dict[str, Any]], parts: list[bytes]
+                    ) -> tuple[list[bytes], list[dict[str, Any]] | None]:
+        """The messages' JSON with secrets redacted (when a scanner is set), and what was removed (or None)."""
+        if self._scanner is None:
+            return parts, None
+        from .secret_scan import redact_messages
+
+        _, parts, found = redact_messages(self._scanner, messages, parts)
+        return parts, found or None
+
+    async def _commit_replaced(self, payload: bytes, secrets: list[dict[str, Any]] | None) -> None:
+        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        data_json = b'{"messages":%s}' % payload
+        if secrets:
+            data["secrets"] = secrets
+            data_json = b'{"messages":%s,"secrets":%s}' % (payload, codec.dumps(secrets))
+        await self._commit(ev.MESSAGES_REPLACED, data, data_json)
+        if secrets:
+            await self._emit(EVENT_SECRET_REDACTED, {"seq": self._state.head_seq, "secrets": secrets})
 
     async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history with ``messages`` as one ``messages_replaced`` event, whatever was loaded.
@@ -519,9 +557,9 @@ class PersistentContextManager:
         if self._replay is not None and self._replay.held:
             await self._write_held()
         self._replay = None
+        parts, secrets = self._redact_all(messages, parts)
         payload = b"[" + b",".join(parts) + b"]"
-        await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
-                           b'{"messages":%s}' % payload)
+        await self._commit_replaced(payload, secrets)
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart; the log keeps every earlier record).
