@@ -161,12 +161,13 @@ def make_scanner(value: Any) -> SecretScanner | None:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{allowed}; got {value!r}")
     patterns: dict[str, Any] = dict(BUILTIN_PATTERNS)
-    extra = 0
+    extra = bare = 0
     for i, item in enumerate(value):
         if item == "builtin":
             continue
         if isinstance(item, str):
-            name, pattern = f"custom{'' if not extra else extra + 1}", item
+            bare += 1
+            name, pattern = "custom" if bare == 1 else f"custom{bare}", item
         elif isinstance(item, dict) and set(item) == {"name", "pattern"} and isinstance(item["pattern"], str):
             name, pattern = item["name"], item["pattern"]
             if not isinstance(name, str) or not _KIND.match(name):
