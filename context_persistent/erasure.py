@@ -165,12 +165,23 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def escaped(needle: bytes) -> bytes:
+    """``needle`` as it reads inside a JSON string (a quarantine file keeps bad pieces as JSON strings)."""
+    return orjson.dumps(needle.decode())[1:-1]
+
+
 def _scrub_side_file(path: Path, needle: bytes, digest: str) -> int:
-    """Replace every copy of ``needle`` in a side file by a marker; returns how many there were."""
+    """Replace every copy of ``needle`` (as is, or escaped inside a JSON string) in a side file by a marker;
+    returns how many there were."""
     data = path.read_bytes()
-    n = data.count(needle)
+    n = 0
+    for form in (needle, escaped(needle)):
+        k = data.count(form)
+        if k:
+            data = data.replace(form, MARKER % digest.encode())
+            n += k
     if n:
-        _atomic_write(path, data.replace(needle, MARKER % digest.encode()))
+        _atomic_write(path, data)
     return n
 
 
@@ -317,7 +328,8 @@ def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index
         "erased_at": when,
         "reason": reason,
         "message": {"seq": seq, "index": index, "key": make_key(seq, index), "role": message.get("role"),
-                    "sha256": sha256(needle), "bytes": len(needle)},
+                    "sha256": sha256(needle), "bytes": len(needle),
+                    "escaped": {"sha256": sha256(escaped(needle)), "bytes": len(escaped(needle))}},
         "snapshots": ("not chased: the store keeps no list of the snapshots exported with export() or the CLI; "
                       "any made before this erasure still hold the message"),
     }
@@ -380,19 +392,31 @@ def check_receipt_records(records: list[dict[str, Any]], receipt: dict[str, Any]
     return problems
 
 
+def _forms(receipt: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """``(sha256, length, how)`` of each form of the erased bytes a receipt names."""
+    msg = receipt["message"]
+    out = [(msg["sha256"], msg["bytes"], "the erased bytes")]
+    esc = msg.get("escaped")
+    if isinstance(esc, dict) and isinstance(esc.get("sha256"), str) and isinstance(esc.get("bytes"), int):
+        if esc["bytes"] != msg["bytes"]:  # (else the same bytes)
+            out.append((esc["sha256"], esc["bytes"], "the erased bytes (escaped in a JSON string)"))
+    return out
+
+
 def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
     """Problems found checking an erasure receipt against a file session folder: every file in it is searched
-    for the erased bytes (by their SHA-256 and length), and the log must hold the listed tombstones."""
+    for the erased bytes (by their SHA-256 and length, as is and escaped in a JSON string), and the log must
+    hold the listed tombstones."""
     check_receipt_shape(receipt)
-    digest, length = receipt["message"]["sha256"], receipt["message"]["bytes"]
     problems = []
     for p in sorted(directory.iterdir()):
-        if not p.is_file() or p.stat().st_size < length:
+        if not p.is_file() or p.stat().st_size == 0:
             continue
         with open(p, "rb") as f:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                for at in _find_in(data, digest, length):
-                    problems.append(f"{p.name} holds the erased bytes at offset {at}")
+                for digest, length, how in _forms(receipt):
+                    for at in _find_in(data, digest, length):
+                        problems.append(f"{p.name} holds {how} at offset {at}")
     log = directory / LOG_NAME
     if log.exists():
         records = [r for r, *_ in _scan_file(log, os.stat(log).st_size)]
@@ -403,14 +427,15 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
 async def check_receipt_postgres(log: Any, receipt: dict[str, Any]) -> list[str]:
     """As :func:`check_receipt` for a PostgreSQL session: every row of its events and checkpoint."""
     check_receipt_shape(receipt)
-    digest, length = receipt["message"]["sha256"], receipt["message"]["bytes"]
     problems = []
     records = []
     async for batch in log.read_batches(0):
         records.extend(batch)
     for seq, raw in await log.raw_rows():
-        for at in _find_in(raw, digest, length):
-            problems.append(f"row seq {seq} holds the erased bytes at offset {at}")
+        for digest, length, how in _forms(receipt):
+            for at in _find_in(raw, digest, length):
+                where = "the checkpoint row" if seq == 0 else f"row seq {seq}"
+                problems.append(f"{where} holds {how} at offset {at}")
     problems.extend(check_receipt_records(records, receipt))
     return problems
 

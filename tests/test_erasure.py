@@ -48,9 +48,14 @@ async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(sto
     store = await _session(storage)
     before = await store.get_messages()
     receipt = await store.erase(2, reason="user request")
+    import hashlib
+
+    from context_persistent.erasure import escaped
+
     assert receipt["message"] == {"seq": 4, "index": 0, "key": 4 << 20, "role": "user",
-                                  "sha256": "sha256:" + __import__("hashlib").sha256(NEEDLE).hexdigest(),
-                                  "bytes": len(NEEDLE)}
+                                  "sha256": "sha256:" + hashlib.sha256(NEEDLE).hexdigest(), "bytes": len(NEEDLE),
+                                  "escaped": {"sha256": "sha256:" + hashlib.sha256(escaped(NEEDLE)).hexdigest(),
+                                              "bytes": len(escaped(NEEDLE))}}
     assert [r["seq"] for r in receipt["records"]] == [4]
     # views behave as if the message were redacted
     assert await store.get_messages() == [m for m in before if m != SECRET]
@@ -249,3 +254,30 @@ async def test_erase_on_postgres_updates_the_rows(pg_config: dict[str, str], sid
     again = await _open(storage, sid, **pg_config)
     assert [m["content"] for m in await again.get_messages()] == ["hello", "noted", "after"]
     await again.close()
+
+
+async def test_a_quarantined_copy_is_found_and_removed(storage: Path) -> None:
+    from context_persistent.erasure import escaped
+    from context_persistent.repair import repair
+
+    store = await _session(storage)
+    await store.add_message(SECRET)  # seq 6: a second copy, damaged below and quarantined by repair
+    await store.add_message({"role": "user", "content": "last"})
+    await store.close()
+    log = storage / "s" / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[5] = lines[5].replace(b'"crc":"', b'"crc":"0', 1)[:-3] + b'"}\n'  # a checksum that no longer matches
+    log.write_bytes(b"".join(lines))
+    assert repair(storage / "s", "s").quarantine_file
+    holders = _holders(storage / "s", escaped(NEEDLE))
+    assert len(holders) == 1 and holders[0].startswith("events.jsonl.quarantine-")
+    store = await _open(storage)
+    receipt = await store.erase(seq=4)
+    await store.close()
+    assert receipt["side_files"][0]["copies"] == 1
+    assert _holders(storage / "s") == [] and _holders(storage / "s", escaped(NEEDLE)) == []
+    assert check_receipt(storage / "s", receipt) == []
+    # the check finds an escaped copy too
+    (storage / "s" / "events.jsonl.quarantine-x").write_bytes(b'{"raw":"' + escaped(NEEDLE) + b'"}\n')
+    assert [p.split(" at ")[0] for p in check_receipt(storage / "s", receipt)] == [
+        "events.jsonl.quarantine-x holds the erased bytes (escaped in a JSON string)"]
