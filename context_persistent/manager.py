@@ -638,7 +638,7 @@ class PersistentContextManager:
         docs/operations.md, "Erasure".
 
         Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
-        had been) that ``verify_erasure`` and ``context-persistent verify --receipt`` check later. Raises
+        had been) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
         ValueError if the message is not named exactly once or names no message, or ``reason`` is not a
         string; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
         LogWriteError when the disk refuses a write (the log is then unchanged); DatabaseError on
