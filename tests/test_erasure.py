@@ -3,6 +3,7 @@ keeps seqs and the chain; the receipt is checked by verify (API and CLI, both ba
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -44,8 +45,9 @@ async def _session(storage: Path, **cfg: Any) -> PersistentContextManager:
     return store
 
 
-async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(storage: Path) -> None:
-    store = await _session(storage)
+@pytest.mark.parametrize("fsync", ["always", "batch", "never"])
+async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(storage: Path, fsync: str) -> None:
+    store = await _session(storage, fsync=fsync)
     before = await store.get_messages()
     receipt = await store.erase(2, reason="user request")
     import hashlib
@@ -60,8 +62,8 @@ async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(sto
     # views behave as if the message were redacted
     assert await store.get_messages() == [m for m in before if m != SECRET]
     assert SECRET not in await store.get_conversation_view()
-    await store.add_message({"role": "user", "content": "after"})  # the chain continues after an erase
-    assert _holders(storage / "s") == []
+    await asyncio.gather(*(store.add_message({"role": "user", "content": "after"}) for _ in range(1)))
+    assert _holders(storage / "s") == []  # (the chain continues after an erase: verified below)
     assert await store.verify_erasure(receipt) == []
     await store.close()
     report = verify(storage / "s", "s")
@@ -254,6 +256,15 @@ async def test_erase_on_postgres_updates_the_rows(pg_config: dict[str, str], sid
     again = await _open(storage, sid, **pg_config)
     assert [m["content"] for m in await again.get_messages()] == ["hello", "noted", "after"]
     await again.close()
+    # the CLI: erase with --dsn, then verify the receipt against the rows
+    receipt_path = storage.parent / "pg-receipt.json"
+    dsn = ["--dsn", pg_config["dsn"], "--pg-schema", pg_config["pg_schema"]]
+    code = await asyncio.to_thread(main, [*dsn, "erase", sid, "--seq", "2", "--receipt", str(receipt_path)])
+    assert code == 0
+    assert await asyncio.to_thread(main, [*dsn, "verify", sid, "--receipt", str(receipt_path)]) == 0
+    again = await _open(storage, sid, **pg_config)
+    assert [m["content"] for m in await again.get_messages()] == ["noted", "after"]
+    await again.close()
 
 
 async def test_a_quarantined_copy_is_found_and_removed(storage: Path) -> None:
@@ -281,3 +292,24 @@ async def test_a_quarantined_copy_is_found_and_removed(storage: Path) -> None:
     (storage / "s" / "events.jsonl.quarantine-x").write_bytes(b'{"raw":"' + escaped(NEEDLE) + b'"}\n')
     assert [p.split(" at ")[0] for p in check_receipt(storage / "s", receipt)] == [
         "events.jsonl.quarantine-x holds the erased bytes (escaped in a JSON string)"]
+
+
+async def test_a_follower_continues_across_an_erase(storage: Path) -> None:
+    store = await _session(storage)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for rec in store.follow(after_seq=0):
+            seen.append(rec["seq"])
+            if rec["seq"] == 7:
+                return
+
+    task = asyncio.ensure_future(follow())
+    while len(seen) < 5:
+        await asyncio.sleep(0.05)
+    await store.erase(seq=4)
+    await store.add_message({"role": "user", "content": "x"})
+    await store.add_message({"role": "user", "content": "y"})
+    await asyncio.wait_for(task, 10)
+    assert seen == [1, 2, 3, 4, 5, 6, 7]  # (the tombstone keeps seq 4's crc: no LogChangedError)
+    await store.close()

@@ -61,7 +61,7 @@ def format_receipt(r: dict[str, Any]) -> str:
 async def _erase(args: argparse.Namespace) -> int:
     from ..manager import PersistentContextManager
 
-    backend = backend_of(args)
+    backend: dict[str, Any] = dict(backend_of(args))
     storage = require_storage(args)
     if not backend and not (session_dir(storage, args.session) / LOG_NAME).exists():
         raise SessionNotFoundError(f"session {args.session!r} not found in {storage}")
