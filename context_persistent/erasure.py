@@ -258,6 +258,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
             line = tombstone(rec, erased_data(rec, hits, reason, when))
             changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
     receipt = _receipt(store, message, needle, seq, index, reason, when)
+    receipt["removed_temp_files"] = clean_leftovers(directory)
     receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
                            "bytes": end - start, "record_sha256": raw_digest}
                           for start, end, _, rec, hits, raw_digest in changes]
@@ -311,12 +312,20 @@ def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
         left -= len(chunk)
 
 
-def clean_leftovers(directory: Path) -> None:
-    """Remove temp files an erase killed midway left behind (they never hold the erased message's only copy:
-    the old files stay in place until each rename)."""
+#: Temp files a killed writer, repair or checkpoint leaves behind: copies of the log or of the history, removed
+#: before an erase (the caller holds the writer lock, so none of those is running).
+STALE_TEMPS = (LOG_NAME + ".repair-tmp", CHECKPOINT_NAME + ".tmp")
+
+
+def clean_leftovers(directory: Path) -> list[str]:
+    """Remove temp files left behind by a killed erase (``*.erasing``: they never hold the erased message), a
+    killed repair or checkpoint write (they may hold a copy of it). Returns the names removed."""
+    gone = []
     for p in directory.iterdir():
-        if p.name.endswith(TMP_SUFFIX):
+        if p.name.endswith(TMP_SUFFIX) or p.name in STALE_TEMPS:
             p.unlink(missing_ok=True)
+            gone.append(p.name)
+    return gone
 
 
 def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index: int, reason: str,

@@ -666,7 +666,6 @@ class PersistentContextManager:
             await asyncio.shield(checkpoints._task)
         self._full()  # nothing may be read from the old checkpoint after it is deleted
         if isinstance(self._log, FileEventLog):
-            erasure.clean_leftovers(self._log.directory)
             receipt = erasure.erase_file(self, seq, index, reason)
         else:
             receipt = await erasure.erase_postgres(self, seq, index, reason)

@@ -89,6 +89,7 @@ async def test_erase_reaches_checkpoints_side_files_and_compaction_exports(stora
         f.write(b'{"v":2,"seq":6,"prev":"00000000","ts":"x","type":"message_added","data":{"message":' + NEEDLE)
     store = await _open(storage, checkpoint_every=2)
     assert store.recovered is not None
+    (folder / "events.jsonl.repair-tmp").write_bytes(NEEDLE)  # left by a repair that was killed
     export = folder / "compaction-0000000005.jsonl"  # what export_on_compact writes
     await store.export(export, view="reasoning")
     holders = _holders(folder)
@@ -99,6 +100,7 @@ async def test_erase_reaches_checkpoints_side_files_and_compaction_exports(stora
     assert [c["action"] for c in receipt["checkpoints"]] == ["deleted"]
     assert len(receipt["side_files"]) == 1 and receipt["side_files"][0]["copies"] == 1
     assert receipt["exports"] == [{"where": str(export), "lines": 1, "action": "rewritten"}]
+    assert receipt["removed_temp_files"] == ["events.jsonl.repair-tmp"]
     # the rewritten export is still a valid snapshot: it imports, without the message
     from context_persistent import import_
 
