@@ -155,6 +155,8 @@ class PersistentContextManager:
         self._fsync = config["fsync"]
         #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
         self._scanner = config.get("secret_scanner")
+        #: What the scanner removed from messages the replay recogniser holds (by id of the held message).
+        self._held_secrets: dict[int, list[dict[str, Any]]] = {}
         #: File appends with fsync always/never complete without suspending: no queue needed.
         self._inline_appends = isinstance(log, FileEventLog) and self._fsync != "batch"
         self._readonly = log.readonly
@@ -462,7 +464,10 @@ class PersistentContextManager:
         if replay is not None:
             verdict = replay.offer(stored, msg_json)
             if verdict == HELD:
+                if found is not None:  # (written with its record note if it turns out not to be a replay)
+                    self._held_secrets[id(stored)] = found
                 return
+            held_secrets, self._held_secrets = self._held_secrets, {}
             self._replay = None
             if verdict == COMPLETE:
                 payload = b"[" + b",".join(j for _, j in replay.held) + b"]"
@@ -470,6 +475,7 @@ class PersistentContextManager:
                 logger.info("session %s: %d add_message calls replayed the loaded history; not stored twice",
                             self.session_id, len(replay.held))
                 return
+            self._held_secrets = held_secrets
             await self._write_held(replay)
             self._check_writable()  # (the store may have been closed meanwhile)
         data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
@@ -488,8 +494,14 @@ class PersistentContextManager:
         replay = replay or self._replay
         self._replay = None
         if replay is not None:
+            secrets, self._held_secrets = self._held_secrets, {}
             for held, held_json in replay.held:
-                await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
+                found = secrets.get(id(held))
+                if found is None:
+                    await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
+                else:
+                    await self._commit(ev.MESSAGE_ADDED, {"message": held, "secrets": found},
+                                       b'{"message":%s,"secrets":%s}' % (held_json, codec.dumps(found)))
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history with ``messages``, unless this store loaded its own log (the resume rule; see

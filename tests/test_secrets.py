@@ -160,3 +160,29 @@ def test_make_scanner_off_values() -> None:
     s = make_scanner("builtin")
     assert s is not None and make_scanner(s) is s
     assert asyncio.iscoroutinefunction(PersistentContextManager.erase)
+
+
+async def test_a_held_message_that_was_not_a_replay_keeps_its_secrets_note(storage: Path) -> None:
+    secret = {"role": "user", "content": "use " + SAMPLES["aws_access_key"]}
+    store = await _open(storage, secret_scanner="builtin")
+    await store.add_message(secret)
+    await store.add_message({"role": "assistant", "content": "ok"})
+    await store.close()
+    store = await _open(storage, secret_scanner="builtin")
+    await store.add_message(secret)  # looks like a replay of the loaded history: held
+    await store.add_message({"role": "user", "content": "something else"})  # it was not: both are written
+    await store.close()
+    recs = [orjson.loads(x) for x in (storage / "s" / "events.jsonl").read_bytes().splitlines()]
+    added = [r for r in recs if r["type"] == "message_added"]
+    assert len(added) == 4
+    assert added[2]["data"]["secrets"] == [{"kind": "aws_access_key", "count": 1}]
+    assert SAMPLES["aws_access_key"].encode() not in (storage / "s" / "events.jsonl").read_bytes()
+
+
+def test_cli_import_with_the_scanner(storage: Path, tmp_path: Path) -> None:
+    from context_persistent.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"role": "user", "content": "key " + SAMPLES["gitlab_token"]}) + b"\n")
+    assert main(["--storage", str(storage), "import", str(src), "imp", "--secret-scanner", "builtin"]) == 0
+    assert SAMPLES["gitlab_token"].encode() not in (storage / "imp" / "events.jsonl").read_bytes()
