@@ -20,10 +20,11 @@ LOG_REPAIRED: Final = "log_repaired"
 COMPACTED: Final = "compacted"
 SEMANTIC_REPAIRED: Final = "semantic_repaired"
 SYSTEM_PROMPT_SET: Final = "system_prompt_set"
+ERASED: Final = "erased"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET, ERASED}
 )
 #: Audit events: recorded for operators, they change no view. (``replay_recognised`` changes the views when
 #: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)

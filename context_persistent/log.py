@@ -498,6 +498,25 @@ class FileEventLog:
                              "the record was not acknowledged, and the log could not be rolled back, so this "
                              "store refuses further appends; open the session again to recover the log")
 
+    def swap_in(self, new: Path, size: int) -> None:
+        """Replace the log by the complete, fsynced file ``new`` (``size`` bytes, same records up to edits
+        that keep every seq and crc: erasure.py) with one atomic rename, and continue writing to it."""
+        if self.readonly or self._fd < 0:
+            raise LogWriteError(str(self.path), "replace", OSError(errno.EBADF, "log is not open for writing"))
+        try:
+            fd = os.open(new, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise LogWriteError(str(new), "open", e, "the log was not changed") from e
+        try:
+            os.replace(new, self.path)  # the commit point: readers see the old file or the new one
+        except OSError as e:
+            os.close(fd)
+            raise LogWriteError(str(self.path), "replace", e, "the log was not changed") from e
+        os.close(self._fd)
+        self._fd = fd
+        self.size = self._reserved = size
+        fsync_dir(self.directory)
+
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
         from .follow import follow_file

@@ -41,6 +41,7 @@ EVENT_PRE_COMPACT = "context:pre_compact"
 EVENT_POST_COMPACT = "context:post_compact"
 EVENT_COMPACTION = "context:compaction"
 EVENT_TRANSCRIPT_IGNORED = "context:transcript_ignored"
+EVENT_SECRET_REDACTED = "context:secret_redacted"
 
 #: Every configuration key the store understands, with its default (see docs/configuration.md).
 DEFAULTS: dict[str, Any] = {
@@ -58,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "backend": "file",
     "dsn": None,
     "pg_schema": None,
+    "secret_scanner": None,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -172,6 +174,9 @@ class PersistentContextManager:
         self._state = Projection()
         self._counter = TokenCounter(config["tokenizer"])
         self._fsync = config["fsync"]
+        #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
+        self._scanner = config.get("secret_scanner")
+        #: What the scanner removed from messages the replay recogniser holds (by id of the held message).
         #: File appends with fsync always/never complete without suspending: no queue needed.
         self._inline_appends = isinstance(log, FileEventLog) and self._fsync != "batch"
         self._readonly = log.readonly
@@ -271,6 +276,10 @@ class PersistentContextManager:
         _positive_int(cfg, "export_on_compact_every")
         if cfg["resume_rule"] not in RESUME_RULES:
             raise ValueError(f"resume_rule must be one of {', '.join(RESUME_RULES)}; got {cfg['resume_rule']!r}")
+        if cfg["secret_scanner"] is not None:
+            from .secret_scan import make_scanner
+
+            cfg["secret_scanner"] = make_scanner(cfg["secret_scanner"])
         from .compaction import CompactionConfig
 
         cfg["compaction"] = CompactionConfig.from_config(config)
@@ -523,6 +532,11 @@ class PersistentContextManager:
         # Our own copy (the caller may change its dict later). Validated, the message holds only JSON types, so
         # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
         stored = _copy(message)
+        found = None
+        if self._scanner is not None:
+            hit = self._scanner.redact(stored, msg_json)
+            if hit is not None:
+                stored, msg_json, found = hit
         if self._start_prompts is not None:
             if _is_prompt(stored):
                 # Session start on a resume: the host's fallback re-adds the system prompt; it replaces the
@@ -539,16 +553,21 @@ class PersistentContextManager:
             await self._commit_replay(replay)
             replay = None
         data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
+        if found is not None:  # what kinds were removed, never the secret (docs/operations.md, "Secrets")
+            data["secrets"] = found
+            data_json = b'{"message":%s,"secrets":%s}' % (msg_json, codec.dumps(found))
         if replay is None:
             if self._inline_appends:
-                await self._commit(ev.MESSAGE_ADDED, data, data_json)
+                seq = await self._commit(ev.MESSAGE_ADDED, data, data_json)
             else:
-                await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
-            return
-        seq = await self._commit(ev.MESSAGE_ADDED, data, data_json)
-        if self._replay is replay and stored.get("role") not in TRANSCRIPT_SKIPS:
-            if replay.offer(stored, make_key(seq), msg_json) == MISMATCH:
-                self._replay = None
+                seq = await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+        else:
+            seq = await self._commit(ev.MESSAGE_ADDED, data, data_json)
+            if self._replay is replay and stored.get("role") not in TRANSCRIPT_SKIPS:
+                if replay.offer(stored, make_key(seq), msg_json) == MISMATCH:
+                    self._replay = None
+        if found is not None:
+            await self._emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": found})
 
     async def _commit_replay(self, replay: ReplayRecogniser) -> None:
         """Write the ``replay_recognised`` event that folds a confirmed replay out of the views."""
@@ -618,6 +637,7 @@ class PersistentContextManager:
         self._end_replay()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        parts, secrets = self._redact_all(messages, parts)
         payload = b"[" + b",".join(parts) + b"]"
         if self._loaded_from_file and self.config["resume_rule"] == "strict":
             await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
@@ -625,10 +645,10 @@ class PersistentContextManager:
             return
         if not self._loaded_from_file or self._cleared_here:
             why = reason or ("after clear() in this process" if self._cleared_here else None)
-            await self._replace(payload, why)
+            await self._replace(payload, why, secrets)
             return
         if reason is not None:
-            await self._replace(payload, reason)
+            await self._replace(payload, reason, secrets)
             return
         from .resume import FILTERED, REPAIR, classify
 
@@ -647,19 +667,37 @@ class PersistentContextManager:
             await self._ignore(len(parts), payload, kind, "neither a filtered transcript, a repair of the history "
                                "nor an explicit replacement (pass reason=...); the store's own log is kept")
 
-    async def _replace(self, payload: bytes, reason: str | None) -> None:
+    async def _replace(self, payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None = None
+                       ) -> None:
+        """One ``messages_replaced`` event: the history becomes ``payload`` (a JSON array of messages)."""
         data: dict[str, Any] = {"messages": orjson.loads(payload)}
-        data_json = b'{"messages":%s}' % payload
+        extra = b""
         if reason is not None:
             data["reason"] = reason
-            data_json = b'{"messages":%s,"reason":%s}' % (payload, codec.dumps(reason))
-        await self._commit(ev.MESSAGES_REPLACED, data, data_json)
+            extra += b',"reason":%s' % codec.dumps(reason)
+        if secrets:  # what kinds the scanner removed, never the secrets (docs/operations.md, "Secrets")
+            data["secrets"] = secrets
+            extra += b',"secrets":%s' % codec.dumps(secrets)
+        seq = await self._commit(ev.MESSAGES_REPLACED, data, b'{"messages":%s%s}' % (payload, extra))
+        if secrets:
+            await self._emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": secrets})
 
     async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
         info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
         logger.info("session %s: set_messages with %d messages ignored (%s)", self.session_id, count, reason)
         await self._commit(ev.TRANSCRIPT_IGNORED, info)
         await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
+
+    def _redact_all(self, messages: list[dict[str, Any]], parts: list[bytes]
+                    ) -> tuple[list[bytes], list[dict[str, Any]] | None]:
+        """The messages' JSON with secrets redacted (when a scanner is set), and what was removed (or None)."""
+        if self._scanner is None:
+            return parts, None
+        from .secret_scan import redact_messages
+
+        _, parts, found = redact_messages(self._scanner, messages, parts)
+        return parts, found or None
+
 
     async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history with ``messages`` as one ``messages_replaced`` event, whatever was loaded.
@@ -678,7 +716,8 @@ class PersistentContextManager:
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"replace_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         self._end_replay()
-        await self._replace(b"[" + b",".join(parts) + b"]", None)
+        parts, secrets = self._redact_all(messages, parts)
+        await self._replace(b"[" + b",".join(parts) + b"]", None, secrets)
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart; the log keeps every earlier record).
@@ -747,6 +786,83 @@ class PersistentContextManager:
             from .snapshot import rewrite_audit_exports
 
             await rewrite_audit_exports(self, split_key(key)[0])
+
+    async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
+                    reason: str = "") -> dict[str, Any]:
+        """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
+
+        Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
+        that added it; ``index`` is its position in a ``messages_replaced`` record, 0 otherwise): ``seq`` can
+        name a message no longer in the history (before a clear). Every copy of the same message bytes in
+        the log is replaced by an ``erased`` tombstone keeping its seq and crc (the chain stays valid); the
+        checkpoint is deleted; side files (torn tails, quarantine) and compaction exports in the session
+        folder are rewritten without it; on PostgreSQL the rows are updated in one transaction. Views then
+        behave as if the message were redacted. ``reason`` is stored in the tombstone. See
+        docs/operations.md, "Erasure".
+
+        Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
+        had been) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
+        ValueError if the message is not named exactly once or names no message, or ``reason`` is not a
+        string; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
+        LogWriteError when the disk refuses a write (the log is then unchanged); DatabaseError on
+        PostgreSQL when the server fails (nothing changed).
+        """
+        from . import erasure
+        from .projection import Projection
+
+        if not isinstance(reason, str):
+            raise ValueError(f"reason must be a string, got {type(reason).__name__}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_BATCH:
+            raise ValueError(f"index must be an int from 0 to {MAX_BATCH - 1}, got {index!r}")
+        self._check_writable()
+        self._end_replay()
+        while self._flush_task is not None:  # (batch mode: what is queued goes first)
+            await asyncio.shield(self._flush_task)
+        if (message_index is None) == (seq is None):
+            raise ValueError("give exactly one of message_index (position in get_messages()) or seq")
+        if message_index is not None:
+            seq, index = split_key(self._resolve_key(message_index, None))
+        elif isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._state.head_seq:
+            raise ValueError(f"seq must be an int from 1 to {self._state.head_seq}, got {seq!r}")
+        checkpoints = self._checkpoints
+        if checkpoints._task is not None:  # a checkpoint being written would bring the message back
+            await asyncio.shield(checkpoints._task)
+        self._full()  # nothing may be read from the old checkpoint after it is deleted
+        if isinstance(self._log, FileEventLog):
+            receipt = erasure.erase_file(self, seq, index, reason)
+        else:
+            receipt = await erasure.erase_postgres(self, seq, index, reason)
+        # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
+        if checkpoints._lazy_file is not None:
+            checkpoints._lazy_file.close()
+            checkpoints._lazy_file = None
+        checkpoints._lazy_source = None
+        checkpoints.seq = checkpoints.position = checkpoints.loaded_seq = checkpoints.counted = 0
+        self._state = await checkpoints._replay(self._log, Projection(), 0, None)
+        self._epoch += 1
+        self._view_cache = None
+        self._count_hint = (-1, 0, None)
+        logger.info("session %s: erased the message at seq %d index %d (%d record(s))", self.session_id, seq, index,
+                    len(receipt["records"]))
+        return receipt
+
+    async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
+        """Check an erasure receipt (from ``erase``) against this session as stored now.
+
+        Every file in the session folder (or every row of the session on PostgreSQL) is searched for the
+        erased bytes by their SHA-256 and length, and the log must hold the tombstones the receipt lists.
+        Returns the problems found (an empty list: the bytes are nowhere). Raises ValueError if ``receipt``
+        is not a receipt, or belongs to another session; StoreClosedError after ``close()``.
+        """
+        from . import erasure
+
+        self._check_open()
+        erasure.check_receipt_shape(receipt)
+        if receipt.get("session_id") != self.session_id:
+            raise ValueError(f"the receipt is for session {receipt.get('session_id')!r}, not {self.session_id!r}")
+        if isinstance(self._log, FileEventLog):
+            return erasure.check_receipt(self._log.directory, receipt)
+        return await erasure.check_receipt_postgres(self._log, receipt)
 
     # -- reading ------------------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -680,6 +680,43 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
         raise DatabaseError(f"{self.path}: the connection was lost during an append ({what}); "
                             f"nothing was stored{lost}", stored=False) from cause
 
+    # -- erasure (erasure.py) -------------------------------------------------------------------------
+    async def replace_records(self, lines: dict[int, bytes]) -> bool:
+        """Replace the records at the given seqs (each by one with the same seq and crc: an erasure tombstone)
+        and delete the session's checkpoint row, in one transaction. Returns whether a checkpoint was deleted."""
+        if self.readonly:
+            raise ReadOnlyError(f"{self.path}: opened readonly; records cannot be replaced")
+        apg = require_asyncpg()
+        async with self._io:
+            conn = await self._live_conn()
+            try:
+                async with conn.transaction():
+                    for seq, line in sorted(lines.items()):
+                        done = await conn.execute(self._q("UPDATE {s}.events SET record = $3 WHERE session_id = $1 "
+                                                          "AND seq = $2"), self.session_id, seq, line,
+                                                  timeout=self.timeout)
+                        if done != "UPDATE 1":
+                            raise ConcurrencyError(f"{self.path}: seq {seq} is not stored; nothing was erased")
+                    done = await conn.execute(self._q("DELETE FROM {s}.checkpoints WHERE session_id = $1"),
+                                              self.session_id, timeout=self.timeout)
+            except apg.PostgresError as e:
+                raise DatabaseError(f"{self.path}: the server refused the erasure ({type(e).__name__}: {e}); "
+                                    "nothing was changed", stored=False) from e
+        return bool(done != "DELETE 0")
+
+    async def raw_rows(self) -> list[tuple[int, bytes]]:
+        """``(seq, bytes)`` of every stored record of the session and of its checkpoint row (seq 0 names it)."""
+        async with self._io:
+            conn = await self._live_conn()
+            rows = await conn.fetch(self._q("SELECT seq, record FROM {s}.events WHERE session_id = $1 ORDER BY seq"),
+                                    self.session_id, timeout=self.timeout)
+            cp = await conn.fetchval(self._q("SELECT payload FROM {s}.checkpoints WHERE session_id = $1"),
+                                     self.session_id, timeout=self.timeout)
+        out = [(r["seq"], bytes(r["record"])) for r in rows]
+        if cp is not None:
+            out.append((0, bytes(cp)))
+        return out
+
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
         """LISTEN first, then catch up by reading, then read again on each notification (see docs/postgres.md).

@@ -300,6 +300,8 @@ class Projection:
             self.pinned.difference_update(keys)
         elif kind == ev.SYSTEM_PROMPT_SET:
             self._set_system_prompt(seq, data["messages"])
+        elif kind == ev.ERASED:
+            self._apply_erased(seq, data)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -340,6 +342,30 @@ class Projection:
             self.messages = [*new, *self.messages[n:]]
             self.keys = [*(make_key(seq, i) for i in range(len(new))), *self.keys[n:]]
             self.tokens = [*([None] * len(new)), *self.tokens[n:]]
+        self.has_history = True
+
+    def _apply_erased(self, seq: int, data: dict[str, Any]) -> None:
+        """An erasure tombstone (erasure.py) in place of the record that held the erased messages: the record's
+        other messages apply as before, the erased ones as if redacted."""
+        gone = {e["index"] for e in data["erased"]}
+        if any(type(i) is not int for i in gone) or not gone:
+            raise TypeError("data.erased does not list the erased message indices")
+        of = data["of"]
+        if of == ev.MESSAGE_ADDED:
+            if gone != {0}:
+                raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
+        elif of == ev.MESSAGES_REPLACED:
+            msgs = data["messages"]
+            if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)
+                                             for i, m in enumerate(msgs)):
+                raise TypeError("data.messages is not a list of message objects with null at the erased indices")
+            kept = [i for i in range(len(msgs)) if i not in gone]
+            self.messages = [msgs[i] for i in kept]
+            self.keys = [make_key(seq, i) for i in kept]
+            self.tokens = [None] * len(kept)
+            self.pinned = set()
+        else:
+            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added or messages_replaced record")
         self.has_history = True
 
     def index_of(self, key: int) -> int | None:

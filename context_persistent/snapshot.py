@@ -529,6 +529,14 @@ async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path
         stamps = [None, *stamps] if stamps is not None else None
         pins = [i + 1 for i in pins]
     provenance = {"source": kind, **provenance, "messages": len(messages)}
+    if cfg.get("secret_scanner") is not None:  # (docs/operations.md, "Secrets")
+        from .secret_scan import redact_messages
+
+        messages, _, secrets = redact_messages(cfg["secret_scanner"], messages,
+                                               [ev.validate_message(m, f"message {i + 1}")
+                                                for i, m in enumerate(messages)])
+        if secrets:
+            provenance["secrets"] = secrets
     started = {"imported": provenance}
     if kind == "snapshot" and isinstance(header.get("tokenizer"), str):
         started["tokenizer"] = header["tokenizer"]

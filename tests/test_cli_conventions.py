@@ -119,6 +119,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "tail": ["tail", "ref", "-n", "2"], "export": ["export", "ref", str(tmp_path / "e.jsonl")],
         "import": ["import", str(REFERENCE), "imp"], "fork": ["fork", "ref", "forked"],
         "verify": ["verify", "ref"], "repair": ["repair", "ref"],
+        "erase": ["erase", "ref", "--seq", "2"],  # (last: it changes the session)
     }
     refused = {"demo": ["demo"]}
     assert set(runs) | set(refused) | {"db"} == set(_subparsers(build_parser()))  # db: test_postgres.py

@@ -111,8 +111,66 @@ def _run(args: argparse.Namespace, name: str, work: Any, describe: Any, quiet: b
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    report = _run(args, "verify", verify, format_report)
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+    receipt = _load_receipt(args.receipt) if getattr(args, "receipt", None) else None
+    if receipt is not None and getattr(args, "dsn", None):
+        return _verify_receipt_pg(args, receipt)
+    report = _run(args, "verify", verify, format_report, quiet=receipt is not None and args.json)
+    if receipt is None:
+        return EXIT_OK if report.ok else EXIT_PROBLEM
+    from ..erasure import check_receipt
+
+    if receipt.get("session_id") != args.session:
+        raise UsageError(f"the receipt is for session {receipt.get('session_id')!r}, not {args.session!r}")
+    problems = check_receipt(_directory(args), receipt)
+    return _receipt_result(args, receipt, problems, report.to_dict(), report.ok)
+
+
+def _load_receipt(path: str) -> dict[str, Any]:
+    from ..erasure import check_receipt_shape
+
+    try:
+        with open(path, "rb") as f:
+            receipt = orjson.loads(f.read())
+    except OSError as e:
+        raise UsageError(f"cannot read the receipt {path}: {e.strerror}") from None
+    except orjson.JSONDecodeError as e:
+        raise UsageError(f"{path} is not JSON: {e}") from None
+    try:
+        check_receipt_shape(receipt)
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
+    return receipt  # type: ignore[no-any-return]
+
+
+def _receipt_result(args: argparse.Namespace, receipt: dict[str, Any], problems: list[str],
+                    report: dict[str, Any] | None, log_ok: bool) -> int:
+    m = receipt["message"]
+    if args.json:
+        _print_json({**(report or {}), "receipt": {"message": m, "ok": not problems, "problems": problems}})
+    else:
+        for p in problems:
+            print(f"  PROBLEM receipt: {p}")
+        if not problems:
+            print(f"receipt: the erased bytes ({m['bytes']} bytes, {m['sha256']}) are nowhere in the session, "
+                  f"and the log holds {len(receipt.get('records', []))} tombstone(s) in their place")
+        else:
+            print("receipt: NOT confirmed")
+    return EXIT_OK if log_ok and not problems else EXIT_PROBLEM
+
+
+def _verify_receipt_pg(args: argparse.Namespace, receipt: dict[str, Any]) -> int:
+    from ..manager import PersistentContextManager
+    from . import backend_of
+
+    async def check() -> list[str]:
+        store = await PersistentContextManager.open(storage_path=storage_of(args), session_id=args.session,
+                                                    readonly=True, **backend_of(args))
+        try:
+            return await store.verify_erasure(receipt)
+        finally:
+            await store.close()
+
+    return _receipt_result(args, receipt, asyncio.run(check()), None, True)
 
 
 def format_semantic(r: SemanticRepair) -> str:
@@ -173,9 +231,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                     "(tool calls paired with their results, in order). Never takes the lock: safe while an agent "
                     "writes.",
         epilog="examples:\n  context-persistent verify my-session\n  context-persistent verify my-session --json\n"
+               "  context-persistent verify my-session --receipt erased-42.json\n"
                "exit codes: 0 clean, 1 problems found (report printed), 2 usage error\n",
     )
     p.add_argument("session", metavar="SESSION", help="session id")
+    p.add_argument("--receipt", metavar="FILE",
+                   help="also check an erasure receipt (from `erase`): the erased bytes must be nowhere in the "
+                        "session folder (with --dsn: in the session's rows) and the tombstones in place")
     p.set_defaults(func=run_verify)
     p = sub.add_parser(
         "repair", parents=[common], formatter_class=fmt,

@@ -383,6 +383,10 @@ def _summary(rec: dict[str, Any], on: bool, width: int = 100) -> str:
         return role_label(str(m.get("role")), on) + " " + message_text(m, width).replace("\n", " ⏎ ")
     if kind == "messages_replaced":
         return f"{len(data.get('messages', []))} messages"
+    if kind == "erased":
+        gone = ", ".join(f"index {e.get('index')} ({e.get('sha256', '')[:19]}…)" for e in data.get("erased", []))
+        return f"tombstone of a {data.get('of')} record: erased {gone}" + (
+            f"; reason: {data['reason']}" if data.get("reason") else "")
     if kind in ("pinned", "unpinned", "redacted"):
         return f"message of seq {data.get('seq')} (index {data.get('index')})"
     if kind == "session_started":

@@ -105,7 +105,8 @@ async def _import(args: argparse.Namespace) -> int:
     try:
         result = await import_(args.path, session_id=args.session, storage_path=storage_of(args),
                                source=args.source, system_message=system, progress=progress,
-                               request_notes=args.request_notes, **backend_of(args))
+                               request_notes=args.request_notes, **backend_of(args),
+                               **({"secret_scanner": args.secret_scanner} if args.secret_scanner else {}))
     finally:
         progress.close()
     if args.json:
@@ -158,6 +159,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--request-notes", choices=("refuse", "drop", "keep"), default="refuse",
                    help="a request-view snapshot holds notes written in place of left-out messages: refuse the "
                         "import (default), drop the notes, or keep them as user messages")
+    p.add_argument("--secret-scanner", choices=("builtin",), default=None,
+                   help="redact secrets (cloud keys, private keys, tokens) in the messages before they are written "
+                        "(docs/operations.md, \"Secrets\")")
     p.set_defaults(func=_run(_import))
 
     p = _parser(sub, common, "fork", "branch a session: a NEW session with its history and pins as of a seq",

@@ -1,0 +1,128 @@
+"""``erase``: remove a message's bytes from a closed session (taking its writer lock) and write a receipt.
+
+``verify SESSION --receipt FILE`` (durability.py) checks the receipt later. See docs/operations.md, "Erasure".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import ContextPersistentError, SessionLockedError, SessionNotFoundError
+from ..paths import FILE_MODE, LOG_NAME, session_dir
+from . import backend_of, require_storage
+from .inspect import _parser, _run, _seq, print_json
+
+
+class _Locked(ContextPersistentError):
+    """The session is held by a writer: what a command-line user can do about it."""
+
+
+def write_receipt(path: str, receipt: dict[str, Any]) -> None:
+    """Write the receipt to ``path`` (0600) via a temp file and a rename; ``-`` is stdout."""
+    data = orjson.dumps(receipt, option=orjson.OPT_INDENT_2) + b"\n"
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+
+
+def format_receipt(r: dict[str, Any]) -> str:
+    m = r["message"]
+    lines = [f"erased from session {r['session_id']}: the {m['role']} message at seq {m['seq']} (index "
+             f"{m['index']}), {m['bytes']} bytes, {m['sha256']}"]
+    for rec in r["records"]:
+        where = f"byte offset {rec['offset']}" if "offset" in rec else f"row seq {rec['row']}"
+        lines.append(f"  log: seq {rec['seq']} ({rec['type']}, {where}) replaced by a tombstone")
+    for cp in r["checkpoints"]:
+        lines.append(f"  checkpoint {cp['where']}: deleted (the next close writes a new one)")
+    for sf in r["side_files"]:
+        lines.append(f"  side file {sf['where']}: {sf['copies']} cop{'y' if sf['copies'] == 1 else 'ies'} removed")
+    for ex in r["exports"]:
+        lines.append(f"  compaction export {ex['where']}: {ex['lines']} line(s) removed")
+    lines.append(f"  snapshots: {r['snapshots']}")
+    return "\n".join(lines)
+
+
+async def _erase(args: argparse.Namespace) -> int:
+    from ..manager import PersistentContextManager
+
+    backend: dict[str, Any] = dict(backend_of(args))
+    storage = require_storage(args)
+    if not backend and not (session_dir(storage, args.session) / LOG_NAME).exists():
+        raise SessionNotFoundError(f"session {args.session!r} not found in {storage}")
+    if backend:  # (a writer open would create a missing session)
+        probe = await PersistentContextManager.open(storage_path=storage, session_id=args.session, readonly=True,
+                                                    **backend)
+        await probe.close()
+    try:
+        store = await PersistentContextManager.open(storage_path=storage, session_id=args.session,
+                                                    recognise_replay=False, **backend)
+    except SessionLockedError as e:
+        holder = f"pid {e.pid}" if e.pid else "another process"
+        raise _Locked(f"session {e.session_id!r} is open for writing by {holder}: erase needs the session to itself. "
+                      "Stop that agent (or let it close the session) and run erase again; a running agent can "
+                      "erase through the API (PersistentContextManager.erase)") from None
+    try:
+        if args.message_index is not None:
+            receipt = await store.erase(args.message_index, reason=args.reason)
+        else:
+            receipt = await store.erase(seq=args.seq, index=args.index, reason=args.reason)
+    finally:
+        await store.close()
+    if args.receipt:
+        write_receipt(args.receipt, receipt)
+    if args.json:
+        if args.receipt != "-":
+            print_json(receipt)
+    elif args.receipt != "-":
+        print(format_receipt(receipt))
+        if args.receipt:
+            print(f"receipt written to {args.receipt}; `context-persistent verify {args.session} --receipt "
+                  f"{args.receipt}` checks it")
+        else:
+            print("receipt (keep it; `context-persistent verify SESSION --receipt FILE` checks it):")
+            print(orjson.dumps(receipt, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def _index(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a message position (an integer), got {text!r}") from None
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = _parser(sub, common, "erase",
+                "remove a message's bytes from a session (log, checkpoint, side files, compaction exports, "
+                "PostgreSQL rows), leaving a tombstone; prints or writes a receipt. Takes the writer lock",
+                "  context-persistent erase my-session --seq 42 --receipt erased-42.json\n"
+                "  context-persistent erase my-session --message-index -1 --reason 'user request'\n"
+                "  context-persistent verify my-session --receipt erased-42.json\n"
+                "exit codes: 0 erased, 1 refused (session locked or not found), 2 usage error (no such message)\n")
+    p.add_argument("session", metavar="SESSION", help="session id")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seq", type=_seq, help="the seq of the record holding the message (message_added, or "
+                       "messages_replaced with --index)")
+    which.add_argument("--message-index", type=_index, metavar="I",
+                       help="the message's position in the history (as `show` numbers them; negative from the end)")
+    p.add_argument("--index", type=int, default=0, metavar="I",
+                   help="with --seq: the message's position in a messages_replaced record (default 0)")
+    p.add_argument("--reason", default="", help="why (stored in the tombstone and the receipt)")
+    p.add_argument("--receipt", metavar="FILE", help="write the receipt (JSON) to FILE ('-': stdout only)")
+    p.set_defaults(func=_run(_erase))

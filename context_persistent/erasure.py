@@ -1,0 +1,462 @@
+"""Erasure: remove a message's bytes from everything the store wrote, keep a tombstone, hand out a receipt.
+
+``redact`` hides a message (its bytes stay in the log); ``erase`` removes them (docs/operations.md,
+"Erasure"). The record that held the message is replaced, at the same seq, by an ``erased`` tombstone that
+keeps the record's ``prev`` and ``ts`` and is padded (``data.pad``) so that its own CRC-32 equals the CRC of
+the record it replaces: the next record's ``prev`` still names it, so the chain, ``verify``, checkpoints'
+anchors and every reader work unchanged (docs/format.md, "Erasure tombstones"). CRC-32 is affine over GF(2),
+so 48 pad characters, each ``a`` or ``c``, give a linear system whose solution is found by elimination.
+
+Every copy of the message's bytes in the log is erased (a ``messages_replaced`` that carried the message
+forward holds a copy); checkpoints are deleted (a cache: the next close writes a new one); the torn-tail and
+quarantine side files and the compaction exports in the session folder are rewritten without it. The order
+makes a crash at any point safe: side copies first (a crash leaves the old log: nothing was acknowledged),
+then the log in one atomic rename, the commit point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import codec
+from . import events as ev
+from .paths import CHECKPOINT_NAME, FILE_MODE, LOG_NAME, fsync_dir, write_all
+from .projection import make_key, split_key
+
+RECEIPT_VERSION = 1
+PAD_CHARS = 48
+#: Side files the store writes into a session folder (repair.py names the first two).
+SIDE_PREFIXES = (LOG_NAME + ".torn-", LOG_NAME + ".quarantine-")
+EXPORT_PREFIX = "compaction-"
+TMP_SUFFIX = ".erasing"
+#: Replaces a removed copy in a side file or export (the digest says what was removed, never the bytes).
+MARKER = b"[erased %s]"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- the tombstone ------------------------------------------------------------------------------------
+def _forge_pad(head: bytes, tail: bytes, target: int) -> bytes:
+    """A pad ``p`` of ``PAD_CHARS`` characters from {a, c} with ``crc32(head + p + tail + b"}") == target``."""
+
+    def crc(pad: bytes) -> int:
+        return zlib.crc32(b"}", zlib.crc32(tail, zlib.crc32(pad, zlib.crc32(head))))
+
+    zero = b"a" * PAD_CHARS
+    base = crc(zero)
+    basis: dict[int, tuple[int, int]] = {}  # pivot bit -> (delta vector, which pad positions make it)
+    for i in range(PAD_CHARS):
+        vec = crc(zero[:i] + b"c" + zero[i + 1:]) ^ base  # ('a' ^ 'c' flips one bit: the delta is linear)
+        mask = 1 << i
+        for bit in range(31, -1, -1):
+            if not vec >> bit & 1:
+                continue
+            if bit in basis:
+                vec ^= basis[bit][0]
+                mask ^= basis[bit][1]
+            else:
+                basis[bit] = (vec, mask)
+                break
+    want = base ^ target
+    mask = 0
+    for bit in range(31, -1, -1):
+        if want >> bit & 1:
+            if bit not in basis:  # (never seen: 48 positions span the 32 bits)
+                raise RuntimeError("cannot pad the tombstone to its CRC")
+            want ^= basis[bit][0]
+            mask ^= basis[bit][1]
+    pad = bytes(ord("c") if mask >> i & 1 else ord("a") for i in range(PAD_CHARS))
+    assert crc(pad) == target
+    return pad
+
+
+def tombstone(rec: dict[str, Any], data: dict[str, Any]) -> bytes:
+    """The ``erased`` record (with its newline) replacing ``rec``: same seq, ts and prev, same crc."""
+    if rec.get("prev") is None:  # a version 1 record (upcast on reading) has no link: nor has its tombstone
+        env = b'{"v":1,"seq":%d,' % rec["seq"]
+    else:
+        env = b'{"v":%d,"seq":%d,"prev":"%s",' % (codec.FORMAT_VERSION, rec["seq"], rec["prev"].encode())
+    env += b'"ts":%s,"type":"%s","data":' % (orjson.dumps(rec["ts"]), ev.ERASED.encode())
+    body = codec.dumps({k: v for k, v in data.items() if k != "pad"})
+    head = env + body[:-1] + b',"pad":"'
+    tail = b'"}'
+    target = int(rec["crc"], 16)
+    pad = _forge_pad(head, tail, target)
+    line = head + pad + tail + b',"crc":"%s"}\n' % rec["crc"].encode()
+    codec.decode(line)  # (checks framing and crc)
+    return line
+
+
+def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str) -> dict[str, Any]:
+    """The tombstone data for erasing the messages at ``indices`` of ``rec`` (a message record or a tombstone
+    of a ``messages_replaced`` record, erased again)."""
+    kind, data, seq = rec["type"], rec["data"], rec["seq"]
+    if kind == ev.ERASED:
+        out = {k: v for k, v in data.items() if k != "pad"}
+        out["messages"] = list(out["messages"])
+        out["erased"] = list(out["erased"])
+        messages = out["messages"]
+    else:
+        messages = [data["message"]] if kind == ev.MESSAGE_ADDED else list(data["messages"])
+        out = {"of": kind, "erased": [], "reason": reason, "erased_at": when}
+        if kind == ev.MESSAGES_REPLACED:
+            out["messages"] = messages
+    for i in indices:
+        m = messages[i]
+        blob = codec.dumps(m)
+        out["erased"].append({"index": i, "key": make_key(seq, i), "role": m.get("role"), "sha256": sha256(blob),
+                              "bytes": len(blob)})
+        if kind != ev.MESSAGE_ADDED and "messages" in out:
+            out["messages"][i] = None
+    if kind == ev.ERASED:
+        out["reason"] = reason
+        out["erased_at"] = when
+    return out
+
+
+def message_slots(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """``(index, message)`` of every message a record holds (erased slots left out)."""
+    kind, data = rec["type"], rec["data"]
+    if kind == ev.MESSAGE_ADDED:
+        return [(0, data["message"])]
+    if kind == ev.MESSAGES_REPLACED:
+        return list(enumerate(data["messages"]))
+    if kind == ev.ERASED and data.get("of") == ev.MESSAGES_REPLACED:
+        return [(i, m) for i, m in enumerate(data["messages"]) if m is not None]
+    return []
+
+
+# -- finding the copies ---------------------------------------------------------------------------------
+def find_target(records: Any, seq: int, index: int) -> dict[str, Any]:
+    """The message at ``(seq, index)`` among ``records``; ValueError if no record holds one there."""
+    for rec in records:
+        if rec["seq"] == seq:
+            for i, m in message_slots(rec):
+                if i == index:
+                    return m  # type: ignore[no-any-return]
+            if rec["type"] == ev.ERASED:
+                raise ValueError(f"the message at seq {seq} (index {index}) is already erased")
+            raise ValueError(f"seq {seq} is a {rec['type']} record, which holds no message at index {index}")
+    raise ValueError(f"seq {seq} is not in this session's log")
+
+
+def _copies(rec: dict[str, Any], needle: bytes) -> list[int]:
+    return [i for i, m in message_slots(rec) if codec.dumps(m) == needle]
+
+
+# -- side files and exports -----------------------------------------------------------------------------
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def escaped(needle: bytes) -> bytes:
+    """``needle`` as it reads inside a JSON string (a quarantine file keeps bad pieces as JSON strings)."""
+    return orjson.dumps(needle.decode())[1:-1]
+
+
+def _scrub_side_file(path: Path, needle: bytes, digest: str) -> int:
+    """Replace every copy of ``needle`` (as is, or escaped inside a JSON string) in a side file by a marker;
+    returns how many there were."""
+    data = path.read_bytes()
+    n = 0
+    for form in (needle, escaped(needle)):
+        k = data.count(form)
+        if k:
+            data = data.replace(form, MARKER % digest.encode())
+            n += k
+    if n:
+        _atomic_write(path, data)
+    return n
+
+
+def _scrub_export(path: Path, needle: bytes) -> int:
+    """Drop the message lines holding ``needle`` from a JSONL compaction export; fix its header (message count,
+    body checksum, ``erased`` count). Returns the lines dropped."""
+    data = path.read_bytes()
+    if data.find(needle) < 0:
+        return 0
+    lines = data.splitlines(keepends=True)
+    try:
+        header = orjson.loads(lines[0])
+    except (orjson.JSONDecodeError, IndexError):
+        header = None
+    body = lines[1:] if isinstance(header, dict) else lines
+    kept = [line for line in body if line.find(needle) < 0]
+    dropped = len(body) - len(kept)
+    if isinstance(header, dict):
+        h = hashlib.sha256()
+        for line in kept:
+            h.update(line)
+        header["body_sha256"] = "sha256:" + h.hexdigest()
+        if isinstance(header.get("messages"), int):
+            header["messages"] -= dropped
+        header["erased"] = header.get("erased", 0) + dropped
+        out = orjson.dumps(header) + b"\n" + b"".join(kept)
+    else:
+        out = b"".join(kept)
+    if out.find(needle) >= 0:  # the message inside a line we could not split: replace the bytes themselves
+        out = out.replace(needle, MARKER % sha256(needle).encode())
+    _atomic_write(path, out)
+    return dropped
+
+
+def side_paths(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.startswith(SIDE_PREFIXES)
+                  and not p.name.endswith(TMP_SUFFIX))
+
+
+def export_paths(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.startswith(EXPORT_PREFIX)
+                  and not p.name.endswith(TMP_SUFFIX))
+
+
+# -- the file log ---------------------------------------------------------------------------------------
+def _scan_file(path: Path, size: int) -> Any:
+    """``(record, start, end, raw line)`` of every record of the log up to ``size``."""
+    from .log import scan
+
+    with open(path, "rb") as f:
+        start = 0
+        for rec, end in scan(path, 0, 1, size):
+            f.seek(start)
+            yield rec, start, end, f.read(end - start)
+            start = end
+
+
+def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
+    """Erase the message at ``(seq, index)`` from a file session held by ``store`` (its writer). Returns the
+    receipt. The caller rebuilds the store's state afterwards."""
+    log = store._log
+    path: Path = log.path
+    directory: Path = log.directory
+    size = log.size
+    message = find_target((r for r, *_ in _scan_file(path, size)), seq, index)
+    needle = codec.dumps(message)
+    digest = sha256(needle)
+    when = codec.now_iso()
+    # 1. every record holding a copy, and its tombstone
+    changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]] = []
+    for rec, start, end, raw in _scan_file(path, size):
+        hits = _copies(rec, needle)
+        if hits:
+            line = tombstone(rec, erased_data(rec, hits, reason, when))
+            changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
+    receipt = _receipt(store, message, needle, seq, index, reason, when)
+    receipt["removed_temp_files"] = clean_leftovers(directory)
+    receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
+                           "bytes": end - start, "record_sha256": raw_digest}
+                          for start, end, _, rec, hits, raw_digest in changes]
+    # 2. the checkpoint (a cache holding the history): deleted before the log changes, so that a crash never
+    #    leaves a checkpoint that a later open would trust and that still shows the message
+    cp = directory / CHECKPOINT_NAME
+    had_cp = cp.exists()
+    checkpoint_seq = store._checkpoints.seq if had_cp else None
+    store._checkpoints.store.discard_sync()
+    receipt["checkpoints"] = ([{"where": str(cp), "seq": checkpoint_seq, "action": "deleted"}] if had_cp else [])
+    # 3. side files and the compaction exports this store wrote
+    receipt["side_files"] = []
+    for p in side_paths(directory):
+        n = _scrub_side_file(p, needle, digest)
+        if n:
+            receipt["side_files"].append({"where": str(p), "copies": n, "action": "rewritten"})
+    receipt["exports"] = []
+    for p in export_paths(directory):
+        n = _scrub_export(p, needle)
+        if n:
+            receipt["exports"].append({"where": str(p), "lines": n, "action": "rewritten"})
+    fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
+    # 4. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
+    tmp = directory / (LOG_NAME + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        with open(path, "rb") as src:
+            pos = 0
+            for start, end, line, *_ in changes:
+                _copy_range(src, fd, pos, start)
+                write_all(fd, line)
+                pos = end
+            _copy_range(src, fd, pos, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    new_size = os.stat(tmp).st_size
+    log.swap_in(tmp, new_size)
+    receipt["log"] = {"where": str(path), "bytes_before": size, "bytes_after": new_size}
+    return receipt
+
+
+def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
+    src.seek(start)
+    left = end - start
+    while left > 0:
+        chunk = src.read(min(left, 1 << 20))
+        if not chunk:
+            raise OSError(f"the log ended {left} bytes early while erasing")
+        write_all(fd, chunk)
+        left -= len(chunk)
+
+
+#: Temp files a killed writer, repair or checkpoint leaves behind: copies of the log or of the history, removed
+#: before an erase (the caller holds the writer lock, so none of those is running).
+STALE_TEMPS = (LOG_NAME + ".repair-tmp", CHECKPOINT_NAME + ".tmp")
+
+
+def clean_leftovers(directory: Path) -> list[str]:
+    """Remove temp files left behind by a killed erase (``*.erasing``: they never hold the erased message), a
+    killed repair or checkpoint write (they may hold a copy of it). Returns the names removed."""
+    gone = []
+    for p in directory.iterdir():
+        if p.name.endswith(TMP_SUFFIX) or p.name in STALE_TEMPS:
+            p.unlink(missing_ok=True)
+            gone.append(p.name)
+    return gone
+
+
+def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index: int, reason: str,
+             when: str) -> dict[str, Any]:
+    return {
+        "receipt": RECEIPT_VERSION,
+        "session_id": store.session_id,
+        "backend": store.config.get("backend", "file"),
+        "erased_at": when,
+        "reason": reason,
+        "message": {"seq": seq, "index": index, "key": make_key(seq, index), "role": message.get("role"),
+                    "sha256": sha256(needle), "bytes": len(needle),
+                    "escaped": {"sha256": sha256(escaped(needle)), "bytes": len(escaped(needle))}},
+        "snapshots": ("not chased: the store keeps no list of the snapshots exported with export() or the CLI; "
+                      "any made before this erasure still hold the message"),
+    }
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------------
+async def erase_postgres(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
+    """Erase from a PostgreSQL session: every row holding a copy is updated and the checkpoint row deleted, in
+    one transaction. Returns the receipt."""
+    log = store._log
+    records = []
+    async for batch in log.read_batches(0):
+        records.extend(batch)
+    message = find_target(records, seq, index)
+    needle = codec.dumps(message)
+    when = codec.now_iso()
+    updates: dict[int, bytes] = {}
+    listed = []
+    for rec in records:
+        hits = _copies(rec, needle)
+        if hits:
+            updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when))
+            listed.append({"seq": rec["seq"], "type": rec["type"], "indices": hits, "row": rec["seq"]})
+    had_cp = await log.replace_records(updates)
+    receipt = _receipt(store, message, needle, seq, index, reason, when)
+    receipt["records"] = listed
+    receipt["checkpoints"] = ([{"where": f"{log.schema}.checkpoints", "action": "deleted"}] if had_cp else [])
+    receipt["side_files"] = []
+    receipt["exports"] = []
+    receipt["log"] = {"where": str(log.path)}
+    return receipt
+
+
+# -- checking a receipt ---------------------------------------------------------------------------------
+def _find_in(data: Any, digest: str, length: int) -> list[int]:
+    """Offsets where ``length`` bytes hashing to ``digest`` start (candidates: every ``{``)."""
+    want = digest.split(":", 1)[1]
+    found = []
+    pos = data.find(b"{")
+    n = len(data)
+    while 0 <= pos <= n - length:
+        if data[pos + length - 1:pos + length] == b"}" and hashlib.sha256(data[pos:pos + length]).hexdigest() == want:
+            found.append(pos)
+        pos = data.find(b"{", pos + 1)
+    return found
+
+
+def check_receipt_records(records: list[dict[str, Any]], receipt: dict[str, Any]) -> list[str]:
+    """Problems with the tombstones a receipt lists (each listed seq must be an ``erased`` record naming the
+    message's digest)."""
+    problems = []
+    by_seq = {r["seq"]: r for r in records}
+    digest = receipt["message"]["sha256"]
+    for item in receipt.get("records", []):
+        rec = by_seq.get(item["seq"])
+        if rec is None:
+            problems.append(f"seq {item['seq']} is not in the log")
+        elif rec["type"] != ev.ERASED or not any(e.get("sha256") == digest for e in rec["data"].get("erased", [])):
+            problems.append(f"seq {item['seq']} is a {rec['type']} record, not the tombstone of the erased message")
+    return problems
+
+
+def _forms(receipt: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """``(sha256, length, how)`` of each form of the erased bytes a receipt names."""
+    msg = receipt["message"]
+    out = [(msg["sha256"], msg["bytes"], "the erased bytes")]
+    esc = msg.get("escaped")
+    if isinstance(esc, dict) and isinstance(esc.get("sha256"), str) and isinstance(esc.get("bytes"), int):
+        if esc["bytes"] != msg["bytes"]:  # (else the same bytes)
+            out.append((esc["sha256"], esc["bytes"], "the erased bytes (escaped in a JSON string)"))
+    return out
+
+
+def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
+    """Problems found checking an erasure receipt against a file session folder: every file in it is searched
+    for the erased bytes (by their SHA-256 and length, as is and escaped in a JSON string), and the log must
+    hold the listed tombstones."""
+    check_receipt_shape(receipt)
+    problems = []
+    for p in sorted(directory.iterdir()):
+        if not p.is_file() or p.stat().st_size == 0:
+            continue
+        with open(p, "rb") as f:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                for digest, length, how in _forms(receipt):
+                    for at in _find_in(data, digest, length):
+                        problems.append(f"{p.name} holds {how} at offset {at}")
+    log = directory / LOG_NAME
+    if log.exists():
+        records = [r for r, *_ in _scan_file(log, os.stat(log).st_size)]
+        problems.extend(check_receipt_records(records, receipt))
+    return problems
+
+
+async def check_receipt_postgres(log: Any, receipt: dict[str, Any]) -> list[str]:
+    """As :func:`check_receipt` for a PostgreSQL session: every row of its events and checkpoint."""
+    check_receipt_shape(receipt)
+    problems = []
+    records = []
+    async for batch in log.read_batches(0):
+        records.extend(batch)
+    for seq, raw in await log.raw_rows():
+        for digest, length, how in _forms(receipt):
+            for at in _find_in(raw, digest, length):
+                where = "the checkpoint row" if seq == 0 else f"row seq {seq}"
+                problems.append(f"{where} holds {how} at offset {at}")
+    problems.extend(check_receipt_records(records, receipt))
+    return problems
+
+
+def check_receipt_shape(receipt: Any) -> None:
+    """ValueError unless ``receipt`` looks like a receipt written by ``erase``."""
+    msg = receipt.get("message") if isinstance(receipt, dict) else None
+    if (not isinstance(receipt, dict) or receipt.get("receipt") != RECEIPT_VERSION or not isinstance(msg, dict)
+            or not isinstance(msg.get("sha256"), str) or not msg["sha256"].startswith("sha256:")
+            or not isinstance(msg.get("bytes"), int) or msg["bytes"] < 2):
+        raise ValueError("not an erasure receipt (a JSON object with \"receipt\": 1 and \"message\": {\"sha256\", "
+                         "\"bytes\"}, as erase writes)")
+
+
+__all__ = ["check_receipt", "check_receipt_postgres", "erase_file", "erase_postgres", "split_key", "tombstone"]
