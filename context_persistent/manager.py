@@ -427,6 +427,36 @@ class PersistentContextManager:
         else:
             await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
 
+    async def add_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Append several messages with one write and one sync; returns once all are durable.
+
+        Every message is validated first: if one is invalid (ValueError naming its index), none is stored. A
+        crash during the write can keep a prefix of them (each record is checked on its own), never a part of
+        one. While a replay may be under way (right after a resume), they are offered one by one as
+        ``add_message`` would.
+        """
+        self._check_writable()
+        parts = ev.validate_messages(messages)
+        if not parts:
+            return
+        if self._replay is not None:
+            for message in messages:
+                await self.add_message(message)
+            return
+        batch = [({"message": _copy(m)}, b'{"message":%s}' % j) for m, j in zip(messages, parts)]
+        if self._inline_appends:
+            state = self._state
+            first = state.head_seq + 1
+            ts = codec.now_iso()
+            await self._log.append([codec.encode(seq, ev.MESSAGE_ADDED, j, ts)
+                                    for seq, (_, j) in enumerate(batch, first)], first)
+            for seq, (data, _) in enumerate(batch, first):
+                state.apply({"seq": seq, "ts": ts, "type": ev.MESSAGE_ADDED, "data": data})
+            self._after_append()
+            return
+        # Queued together before the flush task runs: one group commit.
+        await asyncio.gather(*[self._enqueue(ev.MESSAGE_ADDED, data, j) for data, j in batch])
+
     async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
         """Write messages held by the replay recogniser: they turned out not to be a replay."""
         replay = replay or self._replay
@@ -498,10 +528,17 @@ class PersistentContextManager:
         if self._closed:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
 
-    async def get_messages(self) -> list[dict[str, Any]]:
-        """The full history since the last clear/replacement, as a copy."""
+    async def get_messages(self, last: int | None = None) -> list[dict[str, Any]]:
+        """The full history since the last clear/replacement, as a copy; ``last=N``: only the newest N.
+
+        ``last`` reads only those messages (a lazily opened store does not load the rest for them).
+        """
         self._check_open()
-        return _copy(self._full().messages)
+        if last is None:
+            return _copy(self._full().messages)
+        if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
+        return _copy(self._state.messages[-last:]) if last else []
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         self._check_open()
