@@ -323,3 +323,19 @@ def test_agent_run_killed_mid_turn_resumes_with_nothing_acknowledged_lost(storag
                                                                         for k in (1, 2, 3, 4, 5, 6)]
     assert [i.get("call_id") for i in final if i.get("type") == "function_call_output"] == [
         "call-1", "call-2", "call-3", "call-5", "call-6"]
+
+
+def test_the_docs_example_runs(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    doc = (ROOT / "docs" / "integrations.md").read_text()
+    section = doc.split("\n## openai-agents\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {**subprocess_env, "TMPDIR": str(tmp_path), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["It is sunny in Paris.", "You asked about Paris."]
+    assert lines[2] == ("6 items: ['message', 'function_call', 'function_call_output', 'message', 'message', "
+                        "'message']")
+    assert lines[3].startswith("4 conversation messages, ") and lines[3].endswith(" tokens")
+    assert len(list(tmp_path.rglob("user-42/events.jsonl"))) == 1

@@ -53,7 +53,7 @@ def _text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        texts = [p.get("text") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        texts: list[str] = [p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)]
         return "\n".join(texts) if texts else None
     return None
 
