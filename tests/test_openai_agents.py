@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
+from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
+
 from context_persistent import PersistentContextManager, SessionLockedError, StoreClosedError
 from context_persistent.integrations.openai_agents import ITEM_KEY, PersistentSession, message_from_item
 
@@ -79,6 +81,21 @@ async def test_items_round_trip_exactly_and_survive_a_reopen(storage: Path, fsyn
     assert added[5]["role"] == "tool" and added[5]["tool_call_id"] == "call_1" and added[5]["content"] == "4"
     assert added[1] == ITEMS[1]  # a chat message is stored as it is
     assert added[13][ITEM_KEY] == ITEMS[13]  # ... unless it holds our key: then it is wrapped
+
+
+@pytest.mark.postgres
+async def test_on_the_postgres_backend(storage: Path, sid: str, pg_config: dict[str, Any]) -> None:
+    async with PersistentSession(sid, storage, **pg_config) as session:
+        await session.add_items(ITEMS[:4])
+        await session.add_items(ITEMS[4:])
+        assert await session.pop_item() == ITEMS[-1]
+    async with PersistentSession(sid, storage, **pg_config) as again:
+        assert await again.get_items() == ITEMS[:-1]
+        assert await again.get_items(limit=2) == ITEMS[-3:-1]
+        second = PersistentSession(sid, storage, **pg_config)
+        with pytest.raises(SessionLockedError):
+            await second.get_items()
+        second.close()
 
 
 async def test_the_stores_views_see_the_conversation(storage: Path) -> None:
