@@ -3,7 +3,8 @@
 The workload is an agent's: turns of four Responses items (the user's message, a function call, its output,
 the answer; about 300 bytes each), as ``Runner`` stores them (the input first, then the turn's new items).
 Both stores are durable: ours with ``fsync="always"``, SQLiteSession with WAL and ``synchronous=FULL``
-(peers.py). Measured, each round side by side on fresh folders:
+(peers.py). Measured on fresh folders each round, ours and the peer alternating call by call (so both see the
+same noise of a shared machine):
 
 - add: the time of one ``add_items`` call, one item (the user's message) and three (the rest of a turn);
 - get: ``get_items()`` of the whole history, and ``get_items(limit=50)``, on a session of ``oa_items`` items;
@@ -46,44 +47,6 @@ def turns(n_items: int, seed: int = 0) -> list[list[dict[str, Any]]]:
     return [turn(k, rng) for k in range(max(1, n_items // 4))]
 
 
-async def _adds(session: Any, work: list[list[dict[str, Any]]]) -> tuple[list[float], list[float]]:
-    """Microseconds of each add_items call: one item (the input), three items (the turn's new items)."""
-    one, three = [], []
-    pc = time.perf_counter_ns
-    for items in work[:5]:  # warm-up
-        await session.add_items(items[:1])
-        await session.add_items(items[1:])
-    for items in work:
-        t = pc()
-        await session.add_items(items[:1])
-        one.append((pc() - t) / 1000)
-        t = pc()
-        await session.add_items(items[1:])
-        three.append((pc() - t) / 1000)
-    return one, three
-
-
-async def _fill(session: Any, work: list[list[dict[str, Any]]]) -> None:
-    for items in work:
-        await session.add_items(items[:1])
-        await session.add_items(items[1:])
-
-
-async def _gets(session: Any, calls: int) -> tuple[float, float, int]:
-    """Median microseconds of get_items() and of get_items(limit=50), and the item count seen."""
-    pc = time.perf_counter_ns
-    full, limited = [], []
-    n = 0
-    for _ in range(calls):
-        t = pc()
-        n = len(await session.get_items())
-        full.append((pc() - t) / 1000)
-        t = pc()
-        await session.get_items(limit=50)
-        limited.append((pc() - t) / 1000)
-    return median(full), median(limited), n
-
-
 def ours(folder: Path) -> PersistentSession:
     return PersistentSession("bench", folder, fsync="always")
 
@@ -99,32 +62,68 @@ async def _close(session: Any) -> None:
         session.close()
 
 
-async def _round(ctx: Ctx, make: Any, name: str, add_work: list[list[dict[str, Any]]],
-                 fill_work: list[list[dict[str, Any]]], calls: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    session = make(ctx.tempdir(f"{name}-add"))
+async def _timed(call: Any) -> tuple[float, Any]:
+    t = time.perf_counter_ns()
+    result = await call
+    return (time.perf_counter_ns() - t) / 1000, result
+
+
+async def _round(ctx: Ctx, add_work: list[list[dict[str, Any]]], fill_work: list[list[dict[str, Any]]],
+                 calls: int) -> tuple[dict[str, float], dict[str, float]]:
+    """One round: every measurement alternates ours and the peer call by call, so both see the same noise."""
+    makers = (ours, peer)
+    samples: list[dict[str, list[float]]] = [{}, {}]
+
+    def note(side: int, key: str, us: float) -> None:
+        samples[side].setdefault(key, []).append(us)
+
+    sessions = [make(ctx.tempdir(f"{name}-add")) for make, name in zip(makers, ("ours", "peer"))]
     try:
-        one, three = await _adds(session, add_work)
+        for k, items in enumerate(add_work):
+            for side, session in enumerate(sessions):
+                us, _ = await _timed(session.add_items(items[:1]))
+                if k >= 5:  # the first turns warm up
+                    note(side, "add1", us)
+                us, _ = await _timed(session.add_items(items[1:]))
+                if k >= 5:
+                    note(side, "add3", us)
     finally:
-        await _close(session)
-    out["add1_p50"], out["add3_p50"] = percentile(one, 50), percentile(three, 50)
-    out["add1_p99"] = percentile(one, 99)
-    folder = ctx.tempdir(f"{name}-get")
-    session = make(folder)
+        for session in sessions:
+            await _close(session)
+    folders = [ctx.tempdir(f"{name}-get") for name in ("ours", "peer")]
+    sessions = [make(folder) for make, folder in zip(makers, folders)]
+    expected = 4 * len(fill_work)
     try:
-        await _fill(session, fill_work)
-        out["get_all"], out["get_50"], n = await _gets(session, calls)
-        assert n == 4 * len(fill_work), (name, n)
+        for items in fill_work:
+            for session in sessions:
+                await session.add_items(items[:1])
+                await session.add_items(items[1:])
+        for _ in range(calls):
+            for side, session in enumerate(sessions):
+                us, got = await _timed(session.get_items())
+                assert len(got) == expected, (side, len(got))
+                note(side, "get_all", us)
+                us, got = await _timed(session.get_items(limit=50))
+                assert len(got) == min(50, expected), (side, len(got))
+                note(side, "get_50", us)
     finally:
-        await _close(session)
-    t = time.perf_counter()
-    session = make(folder)
-    try:
-        n = len(await session.get_items())
-        out["resume"] = (time.perf_counter() - t) * 1000
-        assert n == 4 * len(fill_work), (name, n)
-    finally:
-        await _close(session)
+        for session in sessions:
+            await _close(session)
+    for side, (make, folder) in enumerate(zip(makers, folders)):
+        t = time.perf_counter_ns()
+        session = make(folder)
+        try:
+            got = await session.get_items()
+            note(side, "resume", (time.perf_counter_ns() - t) / 1e6)
+            assert len(got) == expected, (side, len(got))
+        finally:
+            await _close(session)
+    out: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for side in (0, 1):
+        got = samples[side]
+        out[side].update(add1_p50=percentile(got["add1"], 50), add1_p99=percentile(got["add1"], 99),
+                         add3_p50=percentile(got["add3"], 50), get_all=median(got["get_all"]),
+                         get_50=median(got["get_50"]), resume=got["resume"][0])
     return out
 
 
@@ -138,8 +137,9 @@ def run(ctx: Ctx) -> list[Row]:
     mine, theirs = [], []
     for r in range(ctx.rounds):
         ctx.log(f"openai-agents round {r + 1}/{ctx.rounds}")
-        mine.append(asyncio.run(_round(ctx, ours, "ours", add_work, fill_work, calls)))
-        theirs.append(asyncio.run(_round(ctx, peer, "peer", add_work, fill_work, calls)))
+        o, p = asyncio.run(_round(ctx, add_work, fill_work, calls))
+        mine.append(o)
+        theirs.append(p)
     ref = "openai-agents SQLiteSession (WAL, synchronous=FULL)"
     rows = []
     for key, name, unit in (
