@@ -78,14 +78,15 @@ async def _round(ctx: Ctx, add_work: list[list[dict[str, Any]]], fill_work: list
         samples[side].setdefault(key, []).append(us)
 
     sessions = [make(ctx.tempdir(f"{name}-add")) for make, name in zip(makers, ("ours", "peer"))]
+    warm = min(5, len(add_work) // 2)  # the first turns warm up, untimed
     try:
         for k, items in enumerate(add_work):
             for side, session in enumerate(sessions):
                 us, _ = await _timed(session.add_items(items[:1]))
-                if k >= 5:  # the first turns warm up
+                if k >= warm:
                     note(side, "add1", us)
                 us, _ = await _timed(session.add_items(items[1:]))
-                if k >= 5:
+                if k >= warm:
                     note(side, "add3", us)
     finally:
         for session in sessions:
