@@ -371,3 +371,37 @@ def test_the_benchmark_plug_in_runs(tmp_path: Path, subprocess_env: dict[str, st
         "add_items, 1 item, p50", "add_items, 1 item, p99", "add_items, 3 items, p50", "get_items() of 40 items",
         "get_items(limit=50) of 40", "resume 40 items (new session + get_items)"]
     assert all(r["ours"] > 0 and r["ref"] > 0 for r in rows)
+
+
+async def test_close_racing_calls_never_leaves_one_hanging(storage: Path) -> None:
+    """Every call made while another thread closes the session either completes or raises StoreClosedError."""
+    for round_ in range(5):
+        session = PersistentSession(f"race{round_}", storage)
+        await session.get_items()
+        outcomes: list[str] = []
+
+        async def caller(i: int) -> None:
+            try:
+                await asyncio.wait_for(session.add_items([{"role": "user", "content": str(i)}]), 20)
+                outcomes.append("ok")
+            except StoreClosedError:
+                outcomes.append("closed")
+
+        tasks = [asyncio.create_task(caller(i)) for i in range(50)]
+        await asyncio.sleep(0)
+        closer = asyncio.create_task(session.aclose())
+        await asyncio.gather(*tasks, closer)
+        assert len(outcomes) == 50
+        async with PersistentSession(f"race{round_}", storage) as again:
+            assert len(await again.get_items()) == outcomes.count("ok")
+
+
+async def test_close_inside_run_is_refused(storage: Path) -> None:
+    session = PersistentSession("inside", storage)
+
+    async def close_inside(store: PersistentContextManager) -> None:
+        session.close()
+
+    with pytest.raises(RuntimeError, match="inside session.run"):
+        await session.run(close_inside)
+    await session.aclose()

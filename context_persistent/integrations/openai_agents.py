@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,17 +141,24 @@ class PersistentSession:
         self._closed = False
 
     # -- the session's thread -------------------------------------------------------------------------
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"openai-agents session {self.session_id!r} is closed")
+
+    def _submit(self, job: Callable[[], Coroutine[Any, Any, T]]) -> "asyncio.Future[T]":
+        """Start ``job()`` on the session's thread (starting the thread if needed); a future in the caller's loop.
+
+        Under the lock that ``close()`` takes: a job is either refused or queued ahead of the close.
+        """
         with self._lock:
-            if self._closed:
-                raise StoreClosedError(f"openai-agents session {self.session_id!r} is closed")
+            self._check_open()
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, daemon=True,
                                           name=f"context-persistent session {self.session_id}")
                 thread.start()
                 self._loop, self._thread = loop, thread
-            return self._loop
+            return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(job(), self._loop))
 
     async def _open_store(self) -> PersistentContextManager:
         if self._store is None:
@@ -161,12 +168,10 @@ class PersistentSession:
 
     async def _call(self, fn: Callable[[PersistentContextManager], Awaitable[T]]) -> T:
         """Run ``fn(store)`` on the session's thread and wait for it without blocking the caller's loop."""
-        loop = self._running_loop()
-
         async def job() -> T:
             return await fn(await self._open_store())
 
-        return await _settled(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(job(), loop)))
+        return await _settled(self._submit(job))
 
     # -- the openai-agents session protocol -----------------------------------------------------------
     async def get_items(self, limit: int | None = None) -> list[Any]:
@@ -188,7 +193,7 @@ class PersistentSession:
             raise ValueError(f"items must be a list of Responses input items, got {type(items).__name__}")
         messages = [message_from_item(item, f"items[{i}]") for i, item in enumerate(items)]
         if not messages:
-            self._running_loop()  # (a closed session refuses even an empty list)
+            self._check_open()  # (a closed session refuses even an empty list)
             return
 
         async def write(store: PersistentContextManager) -> None:
@@ -225,6 +230,8 @@ class PersistentSession:
 
     def close(self) -> None:
         """Flush and release the session, and stop its thread (idempotent; blocks until done)."""
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("close() was called from inside session.run(); close the session after it returns")
         with self._lock:
             if self._closed:
                 return
