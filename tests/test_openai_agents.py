@@ -252,6 +252,16 @@ async def test_cancelled_call_completes_then_propagates(storage: Path) -> None:
     await session.aclose()
 
 
+def test_is_an_openai_agents_session(storage: Path) -> None:
+    from agents.memory import Session
+
+    session = PersistentSession("proto", storage, session_settings={"limit": 4})
+    assert isinstance(session, Session)
+    assert session.session_id == "proto" and session.session_settings is not None
+    assert session.session_settings.limit == 4
+    session.close()
+
+
 def test_message_from_item_keeps_the_item_whole() -> None:
     for item in ITEMS:
         message = message_from_item(item)
