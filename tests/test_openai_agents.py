@@ -98,6 +98,17 @@ async def test_on_the_postgres_backend(storage: Path, sid: str, pg_config: dict[
         second.close()
 
 
+async def test_several_items_keep_the_reserved_tail(storage: Path) -> None:
+    """With fsync="always", a call of several items is single-record appends: the zeros reserved ahead stay."""
+    async with PersistentSession("rt", storage) as session:
+        await session.add_items(ITEMS[:1])
+        await session.add_items(ITEMS[1:4])
+        raw = (storage / "rt" / "events.jsonl").read_bytes()
+        assert raw.endswith(b"\0" * 1024), "a multi-record write gave the reservation up"
+        assert raw.rstrip(b"\0").count(b"\n") == 5
+        assert await session.get_items() == ITEMS[:4]
+
+
 async def test_the_stores_views_see_the_conversation(storage: Path) -> None:
     async with PersistentSession("v", storage) as session:
         await session.add_items(ITEMS[1:2] + ITEMS[4:6] + ITEMS[7:8])
