@@ -6,7 +6,8 @@ Both stores are durable: ours with ``fsync="always"``, SQLiteSession with WAL an
 (peers.py). Measured on fresh folders each round, ours and the peer alternating call by call (so both see the
 same noise of a shared machine):
 
-- add: the time of one ``add_items`` call, one item (the user's message) and three (the rest of a turn);
+- add: the time of one ``add_items`` call, one item (the user's message) and three (the rest of a turn),
+  and of the two together (a turn);
 - get: ``get_items()`` of the whole history, and ``get_items(limit=50)``, on a session of ``oa_items`` items;
 - resume: a new session object on that stored session, up to its first ``get_items()`` returning.
 
@@ -82,12 +83,12 @@ async def _round(ctx: Ctx, add_work: list[list[dict[str, Any]]], fill_work: list
     try:
         for k, items in enumerate(add_work):
             for side, session in enumerate(sessions):
-                us, _ = await _timed(session.add_items(items[:1]))
+                us1, _ = await _timed(session.add_items(items[:1]))
+                us3, _ = await _timed(session.add_items(items[1:]))
                 if k >= warm:
-                    note(side, "add1", us)
-                us, _ = await _timed(session.add_items(items[1:]))
-                if k >= warm:
-                    note(side, "add3", us)
+                    note(side, "add1", us1)
+                    note(side, "add3", us3)
+                    note(side, "turn", us1 + us3)
     finally:
         for session in sessions:
             await _close(session)
@@ -123,7 +124,8 @@ async def _round(ctx: Ctx, add_work: list[list[dict[str, Any]]], fill_work: list
     for side in (0, 1):
         got = samples[side]
         out[side].update(add1_p50=percentile(got["add1"], 50), add1_p99=percentile(got["add1"], 99),
-                         add3_p50=percentile(got["add3"], 50), get_all=median(got["get_all"]),
+                         add3_p50=percentile(got["add3"], 50), turn_p50=percentile(got["turn"], 50),
+                         get_all=median(got["get_all"]),
                          get_50=median(got["get_50"]), resume=got["resume"][0])
     return out
 
@@ -147,6 +149,7 @@ def run(ctx: Ctx) -> list[Row]:
             ("add1_p50", "add_items, 1 item, p50: SQLiteSession / ours", "µs"),
             ("add1_p99", "add_items, 1 item, p99: SQLiteSession / ours", "µs"),
             ("add3_p50", "add_items, 3 items, p50: SQLiteSession / ours", "µs"),
+            ("turn_p50", "a turn's adds (1 item, then 3), p50: SQLiteSession / ours", "µs"),
             ("get_all", f"get_items() of {n:,} items: SQLiteSession / ours", "µs"),
             ("get_50", f"get_items(limit=50) of {n:,}: SQLiteSession / ours", "µs"),
             ("resume", f"resume {n:,} items (new session + get_items): SQLiteSession / ours", "ms")):

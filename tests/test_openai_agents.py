@@ -380,7 +380,7 @@ def test_the_docs_example_runs(tmp_path: Path, subprocess_env: dict[str, str]) -
 
 
 def test_the_benchmark_plug_in_runs(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    """``make bench`` runs it: a tiny run produces its six rows (no timing is asserted)."""
+    """``make bench`` runs it: a tiny run produces its seven rows (no timing is asserted)."""
     out = tmp_path / "bench.json"
     env = {**subprocess_env, "CP_BENCH_SCRATCH": str(tmp_path)}
     args = [sys.executable, "-m", "benchmarks.run", "--quiet", "--rounds", "1", "--json", str(out), "--only",
@@ -389,7 +389,8 @@ def test_the_benchmark_plug_in_runs(tmp_path: Path, subprocess_env: dict[str, st
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["name"].split(":")[0] for r in rows] == [
-        "add_items, 1 item, p50", "add_items, 1 item, p99", "add_items, 3 items, p50", "get_items() of 40 items",
+        "add_items, 1 item, p50", "add_items, 1 item, p99", "add_items, 3 items, p50",
+        "a turn's adds (1 item, then 3), p50", "get_items() of 40 items",
         "get_items(limit=50) of 40", "resume 40 items (new session + get_items)"]
     assert all(r["ours"] > 0 and r["ref"] > 0 for r in rows)
 
