@@ -14,8 +14,8 @@ log, one ``message_added`` event each, and gives them back exactly as they were 
 - ``pop_item`` writes a ``redacted`` event (the item leaves every view, the log keeps its bytes),
   ``clear_session`` a ``cleared`` event: nothing is deleted from the log.
 
-``add_items`` returns once its items are durable (one write and one sync for the whole list, with the
-default ``fsync="always"``). The store runs on a private event-loop thread of the session, so the session
+``add_items`` returns once its items are durable (with the default ``fsync="always"``, each item is a
+durable single-record append: see ``PersistentContextManager.add_messages``). The store runs on a private event-loop thread of the session, so the session
 can be used from any event loop or thread (``Runner.run``, ``run_sync`` and ``run_streamed`` alike), and
 calls through one session object are serialised. One process at a time may write a session: a second
 writer gets ``SessionLockedError`` on its first call. Close the session with ``close()`` (or
