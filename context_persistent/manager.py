@@ -569,6 +569,37 @@ class PersistentContextManager:
         if found is not None:
             await self._emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": found})
 
+    async def add_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Append several ``messages``, one ``message_added`` event each; returns once all are durable.
+
+        Every message is validated first: if one is invalid, none is stored. On files they go out in one write
+        (one sync): a crash during the call can keep a prefix of them (each record is checked on its own), never
+        a part of one. With ``reserve_tail: true`` each record is its own durable append instead (the reserve
+        covers single records, docs/format.md). Right after a resume (a replay may be under way, or the host
+        may re-add its system prompt) and with a ``secret_scanner`` they are added one by one as
+        ``add_message`` would.
+
+        Raises ValueError naming the index of an invalid message (nothing is stored); StoreClosedError after
+        ``close()``; ReadOnlyError on a store opened ``readonly=True``; LogWriteError when the disk refuses
+        the write; DatabaseError on PostgreSQL when the server fails.
+        """
+        self._check_writable()
+        parts = ev.validate_messages(messages)
+        if not parts:
+            return
+        if self._replay is not None or self._start_prompts is not None or self._scanner is not None:
+            for message in messages:
+                await self.add_message(message)
+            return
+        batch = [(ev.MESSAGE_ADDED, {"message": _copy(m)}, b'{"message":%s}' % j) for m, j in zip(messages, parts)]
+        if self._inline_appends and self.config["reserve_tail"]:
+            for type_, data, j in batch:
+                await self._commit(type_, data, j)
+        elif self._inline_appends:
+            await self._commit_with_deferred(batch)  # (with the audit records of earlier request views, if any)
+        else:  # queued together before the flush task runs: one group commit
+            await asyncio.gather(*[self._enqueue(type_, data, j) for type_, data, j in batch])
+
     async def _commit_replay(self, replay: ReplayRecogniser) -> None:
         """Write the ``replay_recognised`` event that folds a confirmed replay out of the views."""
         payload = b"[" + b",".join(replay.digests) + b"]"
@@ -869,11 +900,18 @@ class PersistentContextManager:
         if self._closed:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
 
-    async def get_messages(self) -> list[dict[str, Any]]:
+    async def get_messages(self, last: int | None = None) -> list[dict[str, Any]]:
         """Returns the full history since the last clear/replacement, as a copy (changing it changes nothing
-        stored). Raises StoreClosedError after ``close()``."""
+        stored); ``last=N``: only the newest N messages (a lazily opened store does not load the rest for them).
+
+        Raises ValueError if ``last`` is not None or an integer >= 0; StoreClosedError after ``close()``.
+        """
         self._check_open()
-        return _copy(self._full().messages)
+        if last is None:
+            return _copy(self._full().messages)
+        if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
+        return _copy(self._state.messages[-last:]) if last else []
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.
