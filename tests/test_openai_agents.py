@@ -99,13 +99,23 @@ async def test_on_the_postgres_backend(storage: Path, sid: str, pg_config: dict[
 
 
 async def test_several_items_keep_the_reserved_tail(storage: Path) -> None:
-    """With fsync="always", a call of several items is single-record appends: the zeros reserved ahead stay."""
-    async with PersistentSession("rt", storage) as session:
+    """With the reserved tail on, a call of several items is single-record appends: the zeros reserved ahead
+    stay."""
+    async with PersistentSession("rt", storage, reserve_tail=True) as session:
         await session.add_items(ITEMS[:1])
         await session.add_items(ITEMS[1:4])
         raw = (storage / "rt" / "events.jsonl").read_bytes()
         assert raw.endswith(b"\0" * 1024), "a multi-record write gave the reservation up"
         assert raw.rstrip(b"\0").count(b"\n") == 5
+        assert await session.get_items() == ITEMS[:4]
+
+
+async def test_several_items_are_one_append_by_default(storage: Path) -> None:
+    """By default (plain appends) a call of several items is one write: the file stays plain JSONL."""
+    async with PersistentSession("one", storage) as session:
+        await session.add_items(ITEMS[:4])
+        raw = (storage / "one" / "events.jsonl").read_bytes()
+        assert b"\0" not in raw and raw.count(b"\n") == 5
         assert await session.get_items() == ITEMS[:4]
 
 
