@@ -96,6 +96,10 @@ def tombstone(rec: dict[str, Any], data: dict[str, Any]) -> bytes:
     return line
 
 
+#: Records holding a list of messages (a tombstone keeps the list, with null at the erased indices).
+LIST_RECORDS = (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET)
+
+
 def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str) -> dict[str, Any]:
     """The tombstone data for erasing the messages at ``indices`` of ``rec`` (a message record or a tombstone
     of a ``messages_replaced`` record, erased again)."""
@@ -108,7 +112,7 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
     else:
         messages = [data["message"]] if kind == ev.MESSAGE_ADDED else list(data["messages"])
         out = {"of": kind, "erased": [], "reason": reason, "erased_at": when}
-        if kind == ev.MESSAGES_REPLACED:
+        if kind in LIST_RECORDS:
             out["messages"] = messages
     for i in indices:
         m = messages[i]
@@ -128,9 +132,9 @@ def message_slots(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     kind, data = rec["type"], rec["data"]
     if kind == ev.MESSAGE_ADDED:
         return [(0, data["message"])]
-    if kind == ev.MESSAGES_REPLACED:
+    if kind in LIST_RECORDS:
         return list(enumerate(data["messages"]))
-    if kind == ev.ERASED and data.get("of") == ev.MESSAGES_REPLACED:
+    if kind == ev.ERASED and data.get("of") in LIST_RECORDS:
         return [(i, m) for i, m in enumerate(data["messages"]) if m is not None]
     return []
 

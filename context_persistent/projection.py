@@ -354,18 +354,28 @@ class Projection:
         if of == ev.MESSAGE_ADDED:
             if gone != {0}:
                 raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
-        elif of == ev.MESSAGES_REPLACED:
+        elif of in (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET):
             msgs = data["messages"]
             if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)
                                              for i, m in enumerate(msgs)):
                 raise TypeError("data.messages is not a list of message objects with null at the erased indices")
             kept = [i for i in range(len(msgs)) if i not in gone]
-            self.messages = [msgs[i] for i in kept]
-            self.keys = [make_key(seq, i) for i in kept]
-            self.tokens = [None] * len(kept)
-            self.pinned = set()
+            if of == ev.SYSTEM_PROMPT_SET:  # the leading system messages become the prompts not erased
+                if any(msgs[i].get("role") != "system" for i in kept):
+                    raise TypeError("data.messages of an erased system_prompt_set holds a message that is not a system message")
+                n = self.leading_system_count()
+                self.pinned.difference_update(self.keys[i] for i in range(n))
+                self.messages = [*(msgs[i] for i in kept), *self.messages[n:]]
+                self.keys = [*(make_key(seq, i) for i in kept), *self.keys[n:]]
+                self.tokens = [*([None] * len(kept)), *self.tokens[n:]]
+            else:
+                self.messages = [msgs[i] for i in kept]
+                self.keys = [make_key(seq, i) for i in kept]
+                self.tokens = [None] * len(kept)
+                self.pinned = set()
         else:
-            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added or messages_replaced record")
+            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added, messages_replaced or "
+                             "system_prompt_set record")
         self.has_history = True
 
     def index_of(self, key: int) -> int | None:
