@@ -1,0 +1,95 @@
+"""Where features meet: the secret scanner, erasure, the system prompt, replay folding and the CLI together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from context_persistent import PersistentContextManager
+from context_persistent.repair import verify
+
+AWS = "AKIAIOSFODNN7EXAMPLE"
+
+
+async def _open(storage: Path, session: str = "s", **cfg: Any) -> PersistentContextManager:
+    return await PersistentContextManager.open(storage_path=storage, session_id=session, **cfg)
+
+
+def _folder_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in folder.iterdir() if p.is_file())
+
+
+async def test_a_secret_in_the_factory_system_prompt_never_reaches_disk(storage: Path) -> None:
+    store = await _open(storage, secret_scanner="builtin")
+
+    async def factory() -> str:
+        return f"You are a bot. key={AWS}"
+
+    await store.set_system_prompt_factory(factory)
+    await store.add_message({"role": "user", "content": "hi"})
+    view = await store.get_messages_for_request()
+    assert view[0] == {"role": "system", "content": "You are a bot. key=[secret:aws_access_key]"}
+    size = (storage / "s" / "events.jsonl").stat().st_size
+    await store.get_messages_for_request()  # the same prompt: nothing more is written
+    assert (storage / "s" / "events.jsonl").stat().st_size == size
+    await store.close()
+    assert AWS.encode() not in _folder_bytes(storage / "s")
+
+
+async def test_a_secret_in_a_system_prompt_added_at_a_resume_never_reaches_disk(storage: Path) -> None:
+    store = await _open(storage, secret_scanner="builtin")
+    await store.add_message({"role": "system", "content": "old"})
+    await store.add_message({"role": "user", "content": "hi"})
+    await store.close()
+    store = await _open(storage, secret_scanner="builtin")
+    await store.add_message({"role": "system", "content": f"new {AWS}"})
+    assert (await store.get_messages())[0] == {"role": "system", "content": "new [secret:aws_access_key]"}
+    await store.close()
+    data = (storage / "s" / "events.jsonl").read_bytes()
+    assert AWS.encode() not in data
+    assert orjson.loads(data.splitlines()[-1])["data"]["secrets"] == [{"kind": "aws_access_key", "count": 1}]
+
+
+PROMPT = {"role": "system", "content": "You assist Alice Example, passport X1234567."}
+
+
+async def test_erase_removes_a_system_prompt_copied_into_a_system_prompt_set(storage: Path) -> None:
+    store = await _open(storage)
+    await store.add_message(PROMPT)  # seq 2
+    await store.add_message({"role": "user", "content": "hi"})
+    await store.close()
+    store = await _open(storage)  # a resume: the host's fallback adds the same prompt again (system_prompt_set)
+    await store.add_message(PROMPT)  # seq 4: a system_prompt_set holding a copy
+    await store.add_message({"role": "user", "content": "again"})
+    receipt = await store.erase(seq=2, reason="gdpr")
+    assert [(r["seq"], r["type"]) for r in receipt["records"]] == [(2, "message_added"), (4, "system_prompt_set")]
+    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+    expected = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+    assert await store.get_messages() == expected
+    await store.close()
+    store = await _open(storage, readonly=True)
+    assert await store.get_messages() == expected
+    await store.close()
+    assert verify(storage / "s", "s").ok
+
+
+async def test_the_current_factory_prompt_can_be_erased(storage: Path) -> None:
+    store = await _open(storage)
+
+    async def factory() -> str:
+        return PROMPT["content"]
+
+    await store.set_system_prompt_factory(factory)
+    await store.add_message({"role": "user", "content": "hi"})
+    await store.get_messages_for_request()
+    await store.set_system_prompt_factory(None)
+    await store.erase(message_index=0)
+    assert await store.get_messages() == [{"role": "user", "content": "hi"}]
+    await store.close()
+    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+    store = await _open(storage, readonly=True)
+    assert await store.get_messages() == [{"role": "user", "content": "hi"}]
+    await store.close()
