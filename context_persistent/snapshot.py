@@ -75,7 +75,7 @@ async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
     prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():
         for rec in batch:
-            if redacted and rec["type"] in (ev.MESSAGE_ADDED, ev.MESSAGES_REPLACED):
+            if redacted:
                 _note_redacted(rec, redacted, prints)
             if at_seq is None or rec["seq"] <= at_seq:
                 apply(rec)
@@ -102,15 +102,13 @@ def _fingerprint(message: Any) -> bytes:
 
 
 def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) -> None:
-    """Add the fingerprints of the messages of ``rec`` whose keys are redacted."""
-    data = rec["data"]
-    first = make_key(rec["seq"])
-    if rec["type"] == ev.MESSAGE_ADDED:
-        if first in redacted:
-            prints.add(_fingerprint(data["message"]))
-        return
-    for i, m in enumerate(data["messages"]):
-        if first + i in redacted:
+    """Add the fingerprints of the messages of ``rec`` whose keys are redacted (every record holding messages:
+    ``message_added``, ``messages_replaced``, ``system_prompt_set`` and the erasure tombstones of them)."""
+    from .erasure import message_slots
+
+    seq = rec["seq"]
+    for i, m in message_slots(rec):
+        if make_key(seq, i) in redacted:
             prints.add(_fingerprint(m))
 
 

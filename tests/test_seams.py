@@ -93,3 +93,32 @@ async def test_the_current_factory_prompt_can_be_erased(storage: Path) -> None:
     store = await _open(storage, readonly=True)
     assert await store.get_messages() == [{"role": "user", "content": "hi"}]
     await store.close()
+
+
+async def test_time_travel_hides_an_earlier_copy_of_a_redacted_system_prompt(storage: Path) -> None:
+    store = await _open(storage)
+    await store.add_message(PROMPT)  # seq 2
+    await store.add_message({"role": "user", "content": "hi"})
+    await store.close()
+    store = await _open(storage)
+    await store.add_message(PROMPT)  # seq 4: system_prompt_set, the same prompt under a new key
+    await store.add_message({"role": "user", "content": "again"})
+    await store.redact(message_index=0)
+    for seq in (2, 3, 5):
+        past = await store.at(seq)
+        assert PROMPT not in await past.get_messages(), seq
+        await past.close()
+    await store.close()
+
+
+async def test_time_travel_hides_a_redacted_message_of_a_partly_erased_list(storage: Path) -> None:
+    store = await _open(storage)
+    kept = {"role": "user", "content": "kept then redacted"}
+    await store.add_message(kept)  # seq 2
+    await store.set_messages([{"role": "user", "content": "erase me"}, kept])  # seq 3 (a fresh store: accepted)
+    await store.erase(seq=3, index=0)  # seq 3 is now a tombstone holding `kept` at index 1
+    await store.redact(message_index=0)  # the key of `kept` in seq 3
+    past = await store.at(2)
+    assert kept not in await past.get_messages()
+    await past.close()
+    await store.close()
