@@ -221,7 +221,7 @@ class Projection:
     """
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
-                 "counts", "counted_version")
+                 "counts", "counted_version", "erased")
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -240,6 +240,10 @@ class Projection:
         self.counts: dict[str, int] = {}
         #: The ``version`` at which every entry of ``tokens`` was last known to be counted (-1: never).
         self.counted_version = -1
+        #: Keys of erased ``message_added`` records folded since this projection began: a ``replay_recognised``
+        #: naming one (its copy was erased with the original) folds the others. (A checkpoint is deleted by
+        #: every erasure and written later, past both records, so it need not keep them.)
+        self.erased: set[int] = set()
 
     def apply(self, rec: dict[str, Any]) -> None:
         """Fold one record into the state; InvalidRecordError if its data lacks what its type needs."""
@@ -294,10 +298,14 @@ class Projection:
             # The newest messages repeated the loaded history (replay.py): out of the views, kept in the log.
             keys = data["keys"]
             n = len(keys) if type(keys) is list else 0
-            if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
+            if n and self.erased:
+                keys = [k for k in keys if k not in self.erased]
+                n = len(keys) or -1  # (every folded message was erased: nothing left to fold)
+            if n == 0 or n > len(self.keys) or (n > 0 and self.keys[-n:] != keys):
                 raise ValueError("data.keys must name the newest messages of the history, in order")
-            del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
-            self.pinned.difference_update(keys)
+            if n > 0:
+                del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
+                self.pinned.difference_update(keys)
         elif kind == ev.SYSTEM_PROMPT_SET:
             self._set_system_prompt(seq, data["messages"])
         elif kind == ev.ERASED:
@@ -354,6 +362,7 @@ class Projection:
         if of == ev.MESSAGE_ADDED:
             if gone != {0}:
                 raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
+            self.erased.add(make_key(seq))
         elif of in (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET):
             msgs = data["messages"]
             if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)

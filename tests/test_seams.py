@@ -122,3 +122,34 @@ async def test_time_travel_hides_a_redacted_message_of_a_partly_erased_list(stor
     assert kept not in await past.get_messages()
     await past.close()
     await store.close()
+
+
+@pytest.mark.parametrize("erase_seq", [3, 6])
+async def test_erasing_a_message_whose_replay_was_folded_keeps_the_session_loadable(storage: Path,
+                                                                                    erase_seq: int) -> None:
+    user = {"role": "user", "content": "my passport is X1234567"}
+    reply = {"role": "assistant", "content": "noted"}
+    store = await _open(storage)
+    await store.add_message({"role": "system", "content": "p"})  # seq 2
+    await store.add_message(user)  # seq 3
+    await store.add_message(reply)  # seq 4
+    await store.close()
+    store = await _open(storage, recognise_replay=True)
+    await store.add_message({"role": "system", "content": "p"})  # seq 5: session start (system_prompt_set)
+    await store.add_message(user)  # seq 6: the host replays the loaded history ...
+    await store.add_message(reply)  # seq 7
+    await store.add_message({"role": "user", "content": "next"})  # seq 8: fold (replay_recognised), seq 9
+    assert [r["type"] for r in [orjson.loads(x) for x in (storage / "s" / "events.jsonl").read_bytes().splitlines()]
+            ][7] == "replay_recognised"
+    await store.erase(seq=erase_seq)  # both copies (seq 3 and seq 6) go
+    expected = [{"role": "system", "content": "p"}, reply, {"role": "user", "content": "next"}]
+    assert await store.get_messages() == expected
+    await store.close()
+    store = await _open(storage)
+    assert await store.get_messages() == expected
+    past = await store.at(8)
+    assert await past.get_messages() == expected[:2]
+    await past.close()
+    await store.close()
+    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+    assert verify(storage / "s", "s").ok
