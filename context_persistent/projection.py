@@ -371,7 +371,7 @@ class Projection:
             kept = [i for i in range(len(msgs)) if i not in gone]
             if of == ev.SYSTEM_PROMPT_SET:  # the leading system messages become the prompts not erased
                 if any(msgs[i].get("role") != "system" for i in kept):
-                    raise TypeError("data.messages of an erased system_prompt_set holds a message that is not a system message")
+                    raise TypeError("data.messages of an erased system_prompt_set holds a non-system message")
                 n = self.leading_system_count()
                 self.pinned.difference_update(self.keys[i] for i in range(n))
                 self.messages = [*(msgs[i] for i in kept), *self.messages[n:]]
