@@ -816,10 +816,10 @@ class PersistentContextManager:
         Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
         that added it; ``index`` is its position in a ``messages_replaced`` or ``system_prompt_set`` record,
         0 otherwise): ``seq`` can name a message no longer in the history (before a clear). Every copy of the
-        same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the chain stays valid); the
-        checkpoint is deleted; side files (torn tails, quarantine) and compaction exports in the session
-        folder are rewritten without it; on PostgreSQL the rows are updated in one transaction. Views then
-        behave as if the message were redacted. ``reason`` is stored in the tombstone. See
+        same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
+        chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
+        exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
+        transaction. Views then behave as if the message were redacted. ``reason`` is stored in the tombstone. See
         docs/operations.md, "Erasure".
 
         Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
