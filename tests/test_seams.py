@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
+from context_persistent.cli import main
 from context_persistent.repair import verify
 
 AWS = "AKIAIOSFODNN7EXAMPLE"
@@ -153,3 +155,22 @@ async def test_erasing_a_message_whose_replay_was_folded_keeps_the_session_loada
     await store.close()
     assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
     assert verify(storage / "s", "s").ok
+
+
+async def test_tail_describes_the_new_event_types(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = await _open(storage)
+    await store.add_message({"role": "system", "content": "p"})
+    await store.add_message({"role": "user", "content": "u"})
+    await store.close()
+    store = await _open(storage, recognise_replay=True)
+    await store.add_message({"role": "system", "content": "the new prompt"})
+    await store.add_message({"role": "user", "content": "u"})
+    await store.add_message({"role": "user", "content": "next"})
+    await store.set_messages([{"role": "user", "content": "u"}])
+    await store.close()
+    assert await asyncio.to_thread(main, ["--storage", str(storage), "tail", "s"]) == 0
+    out = capsys.readouterr().out
+    assert "system prompt (add_message): the new prompt" in out
+    assert "1 replayed messages folded out of the views (seq 5)" in out
+    assert "set_messages of 1 messages ignored (" in out
+    assert '{"' not in out  # no raw JSON for a known type
