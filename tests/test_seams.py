@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager
 from context_persistent.cli import main
@@ -59,23 +60,34 @@ PROMPT = {"role": "system", "content": "You assist Alice Example, passport X1234
 
 
 async def test_erase_removes_a_system_prompt_copied_into_a_system_prompt_set(storage: Path) -> None:
-    store = await _open(storage)
+    await _erase_a_copied_prompt(storage, "s", {})
+    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+    assert verify(storage / "s", "s").ok
+
+
+@pytest.mark.postgres
+async def test_erase_removes_a_copied_system_prompt_on_postgres(pg_config: dict[str, str], sid: str,
+                                                                storage: Path) -> None:
+    await _erase_a_copied_prompt(storage, sid, pg_config)
+
+
+async def _erase_a_copied_prompt(storage: Path, sid: str, cfg: dict[str, Any]) -> None:
+    store = await _open(storage, sid, **cfg)
     await store.add_message(PROMPT)  # seq 2
     await store.add_message({"role": "user", "content": "hi"})
     await store.close()
-    store = await _open(storage)  # a resume: the host's fallback adds the same prompt again (system_prompt_set)
+    store = await _open(storage, sid, **cfg)  # a resume: the host's fallback adds the same prompt again
     await store.add_message(PROMPT)  # seq 4: a system_prompt_set holding a copy
     await store.add_message({"role": "user", "content": "again"})
     receipt = await store.erase(seq=2, reason="gdpr")
     assert [(r["seq"], r["type"]) for r in receipt["records"]] == [(2, "message_added"), (4, "system_prompt_set")]
-    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+    assert await store.verify_erasure(receipt) == []
     expected = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
     assert await store.get_messages() == expected
     await store.close()
-    store = await _open(storage, readonly=True)
+    store = await _open(storage, sid, readonly=True, **cfg)
     assert await store.get_messages() == expected
     await store.close()
-    assert verify(storage / "s", "s").ok
 
 
 async def test_the_current_factory_prompt_can_be_erased(storage: Path) -> None:
