@@ -27,7 +27,7 @@ import orjson
 
 from . import codec
 from . import events as ev
-from .paths import CHECKPOINT_NAME, FILE_MODE, LOG_NAME, fsync_dir, write_all
+from .paths import CHECKPOINT_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import make_key, split_key
 
 RECEIPT_VERSION = 1
@@ -160,7 +160,7 @@ def _copies(rec: dict[str, Any], needle: bytes) -> list[int]:
 # -- side files and exports -----------------------------------------------------------------------------
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = create_private_file(path.parent, tmp.name)  # (never through a link planted in its place)
     try:
         write_all(fd, data)
         os.fsync(fd)
@@ -287,7 +287,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
     # 4. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = create_private_file(directory, tmp.name)
     try:
         with open(path, "rb") as src:
             pos = 0

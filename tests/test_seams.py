@@ -186,3 +186,27 @@ async def test_tail_describes_the_new_event_types(storage: Path, capsys: pytest.
     assert "1 replayed messages folded out of the views (seq 5)" in out
     assert "set_messages of 1 messages ignored (" in out
     assert '{"' not in out  # no raw JSON for a known type
+
+
+async def test_erase_never_writes_through_a_link_planted_as_its_temp_file(storage: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import context_persistent.erasure as erasure
+
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not the store's")
+    store = await _open(storage)
+    await store.add_message({"role": "user", "content": "passport X1234567"})
+    await store.add_message({"role": "user", "content": "ok"})
+    real = erasure.clean_leftovers
+
+    def clean_then_plant(directory: Path) -> list[str]:  # a link appearing right after the clean-up
+        gone = real(directory)
+        (directory / "events.jsonl.erasing").symlink_to(outside)
+        return gone
+
+    monkeypatch.setattr(erasure, "clean_leftovers", clean_then_plant)
+    await store.erase(seq=2)
+    assert outside.read_bytes() == b"not the store's"
+    assert await store.get_messages() == [{"role": "user", "content": "ok"}]
+    await store.close()
+    assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
