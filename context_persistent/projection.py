@@ -221,7 +221,7 @@ class Projection:
     """
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
-                 "counts", "counted_version", "erased")
+                 "counts", "counted_version", "removed")
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -240,10 +240,11 @@ class Projection:
         self.counts: dict[str, int] = {}
         #: The ``version`` at which every entry of ``tokens`` was last known to be counted (-1: never).
         self.counted_version = -1
-        #: Keys of erased ``message_added`` records folded since this projection began: a ``replay_recognised``
-        #: naming one (its copy was erased with the original) folds the others. (A checkpoint is deleted by
-        #: every erasure and written later, past both records, so it need not keep them.)
-        self.erased: set[int] = set()
+        #: Seq ranges ``(first, last)`` of records seen removed since this projection began: erased
+        #: ``message_added`` records and seq gaps (records a repair quarantined). A ``replay_recognised``
+        #: naming a message of one (removed after the fold was written) folds the others. (Erasure and repair
+        #: delete the checkpoint; the next one is written past both records, so it need not keep these.)
+        self.removed: list[tuple[int, int]] = []
 
     def apply(self, rec: dict[str, Any]) -> None:
         """Fold one record into the state; InvalidRecordError if its data lacks what its type needs."""
@@ -257,6 +258,8 @@ class Projection:
         kind = rec["type"]
         data = rec["data"]
         self.counts[kind] = self.counts.get(kind, 0) + 1
+        if seq > self.head_seq + 1:  # a gap: records a repair quarantined
+            self.removed.append((self.head_seq + 1, seq - 1))
         self.head_seq = seq
         if kind == ev.MESSAGE_ADDED:
             message = data["message"]
@@ -298,12 +301,12 @@ class Projection:
             # The newest messages repeated the loaded history (replay.py): out of the views, kept in the log.
             keys = data["keys"]
             n = len(keys) if type(keys) is list else 0
-            if n and self.erased:
-                keys = [k for k in keys if k not in self.erased]
-                n = len(keys) or -1  # (every folded message was erased: nothing left to fold)
-            if n == 0 or n > len(self.keys) or (n > 0 and self.keys[-n:] != keys):
-                raise ValueError("data.keys must name the newest messages of the history, in order")
-            if n > 0:
+            if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
+                keys = self._fold_survivors(keys) if n else None
+                if keys is None:
+                    raise ValueError("data.keys must name the newest messages of the history, in order")
+                n = len(keys)
+            if n:
                 del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
                 self.pinned.difference_update(keys)
         elif kind == ev.SYSTEM_PROMPT_SET:
@@ -319,6 +322,16 @@ class Projection:
             raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
+
+    def _fold_survivors(self, keys: list[Any]) -> list[int] | None:
+        """The keys of a replay fold without those of messages removed after it was written (erased, or
+        quarantined by a repair), if what is left names the newest messages of the history; else None."""
+        if not self.removed or any(type(k) is not int for k in keys):
+            return None
+        left = [k for k in keys if not any(lo <= k >> INDEX_BITS <= hi for lo, hi in self.removed)]
+        if len(left) == len(keys) or len(left) > len(self.keys) or (left and self.keys[-len(left):] != left):
+            return None
+        return left
 
     def leading_system_count(self) -> int:
         """How many ``system`` messages open the history (the system prompt; a lazy list reads no others)."""
@@ -362,7 +375,7 @@ class Projection:
         if of == ev.MESSAGE_ADDED:
             if gone != {0}:
                 raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
-            self.erased.add(make_key(seq))
+            self.removed.append((seq, seq))
         elif of in (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET):
             msgs = data["messages"]
             if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)

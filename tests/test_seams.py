@@ -210,3 +210,27 @@ async def test_erase_never_writes_through_a_link_planted_as_its_temp_file(storag
     assert await store.get_messages() == [{"role": "user", "content": "ok"}]
     await store.close()
     assert b"X1234567" not in (storage / "s" / "events.jsonl").read_bytes()
+
+
+async def test_a_repair_quarantining_a_replayed_copy_leaves_a_loadable_log(storage: Path) -> None:
+    user, reply = {"role": "user", "content": "u1"}, {"role": "assistant", "content": "r1"}
+    store = await _open(storage)
+    for m in ({"role": "system", "content": "p"}, user, reply):
+        await store.add_message(m)
+    await store.close()
+    store = await _open(storage, recognise_replay=True)
+    for m in ({"role": "system", "content": "p"}, user, reply, {"role": "user", "content": "next"}):
+        await store.add_message(m)  # seq 5..7 and 9; seq 8 folds the replay (seq 6, 7) out of the views
+    await store.close()
+    log = storage / "s" / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert b'"seq":6,' in lines[5] and b'"replay_recognised"' in lines[7]
+    lines[5] = lines[5].replace(b'"u1"', b'"u2"')  # one flipped byte in the replayed copy
+    log.write_bytes(b"".join(lines))
+    st = ["--storage", str(storage)]
+    assert await asyncio.to_thread(main, [*st, "repair", "s"]) == 0
+    assert verify(storage / "s", "s").ok
+    store = await _open(storage)
+    assert await store.get_messages() == [{"role": "system", "content": "p"}, user, reply,
+                                          {"role": "user", "content": "next"}]
+    await store.close()
