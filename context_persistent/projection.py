@@ -240,10 +240,10 @@ class Projection:
         self.counts: dict[str, int] = {}
         #: The ``version`` at which every entry of ``tokens`` was last known to be counted (-1: never).
         self.counted_version = -1
-        #: Seq ranges ``(first, last)`` of records seen removed since this projection began: erased
-        #: ``message_added`` records and seq gaps (records a repair quarantined). A ``replay_recognised``
-        #: naming a message of one (removed after the fold was written) folds the others. (Erasure and repair
-        #: delete the checkpoint; the next one is written past both records, so it need not keep these.)
+        #: Key ranges ``(first, last)`` of messages seen removed since this projection began: erased ones and
+        #: those of seq gaps (records a repair quarantined). A later pin of one pins nothing, and a
+        #: ``replay_recognised`` naming one (removed after the fold was written) folds the others. (Erasure
+        #: and repair delete the checkpoint; the next one is written past these records, so need not keep them.)
         self.removed: list[tuple[int, int]] = []
 
     def apply(self, rec: dict[str, Any]) -> None:
@@ -259,7 +259,7 @@ class Projection:
         data = rec["data"]
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if seq > self.head_seq + 1:  # a gap: records a repair quarantined
-            self.removed.append((self.head_seq + 1, seq - 1))
+            self.removed.append((make_key(self.head_seq + 1), make_key(seq - 1, MAX_BATCH - 1)))
         self.head_seq = seq
         if kind == ev.MESSAGE_ADDED:
             message = data["message"]
@@ -285,7 +285,8 @@ class Projection:
             self.pinned = set()
             self.has_history = True
         elif kind == ev.PINNED:
-            self.pinned.add(data["key"])
+            if not (self.removed and self._was_removed(data["key"])):  # (a pin of an erased message)
+                self.pinned.add(data["key"])
         elif kind == ev.UNPINNED:
             self.pinned.discard(data["key"])
         elif kind == ev.REDACTED:
@@ -323,12 +324,15 @@ class Projection:
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
 
+    def _was_removed(self, key: int) -> bool:
+        return any(lo <= key <= hi for lo, hi in self.removed)
+
     def _fold_survivors(self, keys: list[Any]) -> list[int] | None:
         """The keys of a replay fold without those of messages removed after it was written (erased, or
         quarantined by a repair), if what is left names the newest messages of the history; else None."""
         if not self.removed or any(type(k) is not int for k in keys):
             return None
-        left = [k for k in keys if not any(lo <= k >> INDEX_BITS <= hi for lo, hi in self.removed)]
+        left = [k for k in keys if not self._was_removed(k)]
         if len(left) == len(keys) or len(left) > len(self.keys) or (left and self.keys[-len(left):] != left):
             return None
         return left
@@ -375,13 +379,14 @@ class Projection:
         if of == ev.MESSAGE_ADDED:
             if gone != {0}:
                 raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
-            self.removed.append((seq, seq))
+            self.removed.append((make_key(seq), make_key(seq)))
         elif of in (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET):
             msgs = data["messages"]
             if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)
                                              for i, m in enumerate(msgs)):
                 raise TypeError("data.messages is not a list of message objects with null at the erased indices")
             kept = [i for i in range(len(msgs)) if i not in gone]
+            self.removed.extend((make_key(seq, i), make_key(seq, i)) for i in sorted(gone))
             if of == ev.SYSTEM_PROMPT_SET:  # the leading system messages become the prompts not erased
                 if any(msgs[i].get("role") != "system" for i in kept):
                     raise TypeError("data.messages of an erased system_prompt_set holds a non-system message")

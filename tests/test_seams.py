@@ -234,3 +234,17 @@ async def test_a_repair_quarantining_a_replayed_copy_leaves_a_loadable_log(stora
     assert await store.get_messages() == [{"role": "system", "content": "p"}, user, reply,
                                           {"role": "user", "content": "next"}]
     await store.close()
+
+
+async def test_erasing_a_pinned_message_leaves_no_pin(storage: Path) -> None:
+    store = await _open(storage, checkpoint_every=2)
+    await store.add_message({"role": "user", "content": "passport X1234567"})
+    await store.add_message({"role": "user", "content": "b"})
+    await store.pin(0)  # seq 4 pins seq 2, which the erasure turns into a tombstone
+    await store.erase(0)
+    assert store.stats()["pinned"] == 0
+    await store.add_message({"role": "assistant", "content": "c"})
+    await store.close()
+    store = await _open(storage)
+    assert store.stats()["pinned"] == 0 and store._state.pinned == set()
+    await store.close()
