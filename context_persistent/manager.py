@@ -674,13 +674,18 @@ class PersistentContextManager:
             return
         from .resume import FILTERED, REPAIR, classify
 
-        kind, merged = classify(self._full().messages, orjson.loads(payload))
+        offered = orjson.loads(payload)
+        kind, merged = classify(self._full().messages, offered)
         if kind == REPAIR:
             assert merged is not None
             merged_payload = b"[" + b",".join(codec.dumps(m) for m in merged) + b"]"
             logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
                            self.session_id, len(self._state.messages), len(merged))
-            await self._replace(merged_payload, REPAIR)
+            if secrets:  # the scanner's note, for the messages the repair added (at their places in merged)
+                where = {id(m): i for i, m in enumerate(merged)}
+                secrets = [{**e, "index": where[id(offered[e["index"]])]} for e in secrets
+                           if id(offered[e["index"]]) in where] or None
+            await self._replace(merged_payload, REPAIR, secrets)
             return
         if kind == FILTERED:
             await self._ignore(len(parts), payload, FILTERED, "a filtered transcript of the history the store "

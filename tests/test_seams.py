@@ -248,3 +248,22 @@ async def test_erasing_a_pinned_message_leaves_no_pin(storage: Path) -> None:
     store = await _open(storage)
     assert store.stats()["pinned"] == 0 and store._state.pinned == set()
     await store.close()
+
+
+async def test_a_host_repair_keeps_the_secrets_note_of_what_it_added(storage: Path) -> None:
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    store = await _open(storage, secret_scanner="builtin")
+    await store.add_message({"role": "user", "content": "go"})
+    await store.add_message(call)
+    await store.close()
+    store = await _open(storage, secret_scanner="builtin")
+    history = await store.get_messages()
+    result = {"role": "tool", "tool_call_id": "c1", "content": f"interrupted; key {AWS}"}
+    await store.set_messages([*history, result])  # the host's repair: one result for the unanswered call
+    assert (await store.get_messages())[-1]["content"] == "interrupted; key [secret:aws_access_key]"
+    await store.close()
+    last = orjson.loads((storage / "s" / "events.jsonl").read_bytes().splitlines()[-1])
+    assert last["type"] == "messages_replaced" and last["data"]["reason"] == "host_repair"
+    assert last["data"]["secrets"] == [{"index": 2, "kind": "aws_access_key", "count": 1}]
+    assert AWS.encode() not in (storage / "s" / "events.jsonl").read_bytes()
