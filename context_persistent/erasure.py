@@ -27,7 +27,7 @@ import orjson
 
 from . import codec
 from . import events as ev
-from .paths import CHECKPOINT_NAME, FILE_MODE, LOG_NAME, fsync_dir, write_all
+from .paths import CHECKPOINT_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import make_key, split_key
 
 RECEIPT_VERSION = 1
@@ -96,6 +96,10 @@ def tombstone(rec: dict[str, Any], data: dict[str, Any]) -> bytes:
     return line
 
 
+#: Records holding a list of messages (a tombstone keeps the list, with null at the erased indices).
+LIST_RECORDS = (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET)
+
+
 def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str) -> dict[str, Any]:
     """The tombstone data for erasing the messages at ``indices`` of ``rec`` (a message record or a tombstone
     of a ``messages_replaced`` record, erased again)."""
@@ -108,7 +112,7 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
     else:
         messages = [data["message"]] if kind == ev.MESSAGE_ADDED else list(data["messages"])
         out = {"of": kind, "erased": [], "reason": reason, "erased_at": when}
-        if kind == ev.MESSAGES_REPLACED:
+        if kind in LIST_RECORDS:
             out["messages"] = messages
     for i in indices:
         m = messages[i]
@@ -128,9 +132,9 @@ def message_slots(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     kind, data = rec["type"], rec["data"]
     if kind == ev.MESSAGE_ADDED:
         return [(0, data["message"])]
-    if kind == ev.MESSAGES_REPLACED:
+    if kind in LIST_RECORDS:
         return list(enumerate(data["messages"]))
-    if kind == ev.ERASED and data.get("of") == ev.MESSAGES_REPLACED:
+    if kind == ev.ERASED and data.get("of") in LIST_RECORDS:
         return [(i, m) for i, m in enumerate(data["messages"]) if m is not None]
     return []
 
@@ -156,7 +160,7 @@ def _copies(rec: dict[str, Any], needle: bytes) -> list[int]:
 # -- side files and exports -----------------------------------------------------------------------------
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = create_private_file(path.parent, tmp.name)  # (never through a link planted in its place)
     try:
         write_all(fd, data)
         os.fsync(fd)
@@ -283,7 +287,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
     # 4. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = create_private_file(directory, tmp.name)
     try:
         with open(path, "rb") as src:
             pos = 0

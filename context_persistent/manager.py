@@ -176,6 +176,8 @@ class PersistentContextManager:
         self._fsync = config["fsync"]
         #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
         self._scanner = config.get("secret_scanner")
+        #: The factory's last text, and its prompt as stored and what the scanner removed (scanned once).
+        self._scanned_prompt: tuple[str, dict[str, Any], list[dict[str, Any]] | None] | None = None
         #: What the scanner removed from messages the replay recogniser holds (by id of the held message).
         #: File appends with fsync always/never complete without suspending: no queue needed.
         self._inline_appends = isinstance(log, FileEventLog) and self._fsync != "batch"
@@ -542,7 +544,7 @@ class PersistentContextManager:
                 # Session start on a resume: the host's fallback re-adds the system prompt; it replaces the
                 # leading system messages (an event: the log keeps what the model saw when).
                 prompts = [*self._start_prompts, stored]
-                await self._commit(ev.SYSTEM_PROMPT_SET, {"messages": prompts, "source": "add_message"})
+                await self._set_prompts(prompts, "add_message", found)
                 self._start_prompts = prompts
                 return
             self._start_prompts = None
@@ -640,12 +642,32 @@ class PersistentContextManager:
             result = await result
         if not isinstance(result, str):
             raise ValueError(f"the system prompt factory returned {type(result).__name__}, expected a str")
-        prompt = {"role": "system", "content": result}
+        prompt: dict[str, Any] = {"role": "system", "content": result}
+        found = None
+        if self._scanner is not None:  # the prompt is stored like any message: never with its secrets
+            cached = self._scanned_prompt
+            if cached is not None and cached[0] == result:
+                prompt, found = cached[1], cached[2]
+            else:
+                hit = self._scanner.redact(prompt, codec.dumps(prompt))
+                if hit is not None:
+                    prompt, _, found = hit
+                self._scanned_prompt = (result, prompt, found)
         state = self._state
         n = state.leading_system_count()
         if n == 1 and state.messages[0] == prompt:
             return
-        await self._commit(ev.SYSTEM_PROMPT_SET, {"messages": [prompt], "source": "factory"})
+        await self._set_prompts([prompt], "factory", found)
+
+    async def _set_prompts(self, prompts: list[dict[str, Any]], source: str,
+                           secrets: list[dict[str, Any]] | None) -> None:
+        """One ``system_prompt_set`` event (with what kinds the scanner removed, never the secrets)."""
+        data: dict[str, Any] = {"messages": prompts, "source": source}
+        if secrets:
+            data["secrets"] = secrets
+        seq = await self._commit(ev.SYSTEM_PROMPT_SET, data)
+        if secrets:
+            await self._emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": secrets})
 
     async def set_messages(self, messages: list[dict[str, Any]], *, reason: str | None = None) -> None:
         """Replace the history with ``messages``, as the resume rule allows (docs/resume.md).
@@ -683,13 +705,18 @@ class PersistentContextManager:
             return
         from .resume import FILTERED, REPAIR, classify
 
-        kind, merged = classify(self._full().messages, orjson.loads(payload))
+        offered = orjson.loads(payload)
+        kind, merged = classify(self._full().messages, offered)
         if kind == REPAIR:
             assert merged is not None
             merged_payload = b"[" + b",".join(codec.dumps(m) for m in merged) + b"]"
             logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
                            self.session_id, len(self._state.messages), len(merged))
-            await self._replace(merged_payload, REPAIR)
+            if secrets:  # the scanner's note, for the messages the repair added (at their places in merged)
+                where = {id(m): i for i, m in enumerate(merged)}
+                secrets = [{**e, "index": where[id(offered[e["index"]])]} for e in secrets
+                           if id(offered[e["index"]]) in where] or None
+            await self._replace(merged_payload, REPAIR, secrets)
             return
         if kind == FILTERED:
             await self._ignore(len(parts), payload, FILTERED, "a filtered transcript of the history the store "
@@ -823,12 +850,12 @@ class PersistentContextManager:
         """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
 
         Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
-        that added it; ``index`` is its position in a ``messages_replaced`` record, 0 otherwise): ``seq`` can
-        name a message no longer in the history (before a clear). Every copy of the same message bytes in
-        the log is replaced by an ``erased`` tombstone keeping its seq and crc (the chain stays valid); the
-        checkpoint is deleted; side files (torn tails, quarantine) and compaction exports in the session
-        folder are rewritten without it; on PostgreSQL the rows are updated in one transaction. Views then
-        behave as if the message were redacted. ``reason`` is stored in the tombstone. See
+        that added it; ``index`` is its position in a ``messages_replaced`` or ``system_prompt_set`` record,
+        0 otherwise): ``seq`` can name a message no longer in the history (before a clear). Every copy of the
+        same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
+        chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
+        exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
+        transaction. Views then behave as if the message were redacted. ``reason`` is stored in the tombstone. See
         docs/operations.md, "Erasure".
 
         Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they

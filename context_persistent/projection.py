@@ -221,7 +221,7 @@ class Projection:
     """
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
-                 "counts", "counted_version")
+                 "counts", "counted_version", "removed")
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -240,6 +240,11 @@ class Projection:
         self.counts: dict[str, int] = {}
         #: The ``version`` at which every entry of ``tokens`` was last known to be counted (-1: never).
         self.counted_version = -1
+        #: Key ranges ``(first, last)`` of messages seen removed since this projection began: erased ones and
+        #: those of seq gaps (records a repair quarantined). A later pin of one pins nothing, and a
+        #: ``replay_recognised`` naming one (removed after the fold was written) folds the others. (Erasure
+        #: and repair delete the checkpoint; the next one is written past these records, so need not keep them.)
+        self.removed: list[tuple[int, int]] = []
 
     def apply(self, rec: dict[str, Any]) -> None:
         """Fold one record into the state; InvalidRecordError if its data lacks what its type needs."""
@@ -253,6 +258,8 @@ class Projection:
         kind = rec["type"]
         data = rec["data"]
         self.counts[kind] = self.counts.get(kind, 0) + 1
+        if seq > self.head_seq + 1:  # a gap: records a repair quarantined
+            self.removed.append((make_key(self.head_seq + 1), make_key(seq - 1, MAX_BATCH - 1)))
         self.head_seq = seq
         if kind == ev.MESSAGE_ADDED:
             message = data["message"]
@@ -278,7 +285,8 @@ class Projection:
             self.pinned = set()
             self.has_history = True
         elif kind == ev.PINNED:
-            self.pinned.add(data["key"])
+            if not (self.removed and self._was_removed(data["key"])):  # (a pin of an erased message)
+                self.pinned.add(data["key"])
         elif kind == ev.UNPINNED:
             self.pinned.discard(data["key"])
         elif kind == ev.REDACTED:
@@ -295,9 +303,13 @@ class Projection:
             keys = data["keys"]
             n = len(keys) if type(keys) is list else 0
             if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
-                raise ValueError("data.keys must name the newest messages of the history, in order")
-            del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
-            self.pinned.difference_update(keys)
+                keys = self._fold_survivors(keys) if n else None
+                if keys is None:
+                    raise ValueError("data.keys must name the newest messages of the history, in order")
+                n = len(keys)
+            if n:
+                del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
+                self.pinned.difference_update(keys)
         elif kind == ev.SYSTEM_PROMPT_SET:
             self._set_system_prompt(seq, data["messages"])
         elif kind == ev.ERASED:
@@ -311,6 +323,19 @@ class Projection:
             raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
+
+    def _was_removed(self, key: int) -> bool:
+        return any(lo <= key <= hi for lo, hi in self.removed)
+
+    def _fold_survivors(self, keys: list[Any]) -> list[int] | None:
+        """The keys of a replay fold without those of messages removed after it was written (erased, or
+        quarantined by a repair), if what is left names the newest messages of the history; else None."""
+        if not self.removed or any(type(k) is not int for k in keys):
+            return None
+        left = [k for k in keys if not self._was_removed(k)]
+        if len(left) == len(keys) or len(left) > len(self.keys) or (left and self.keys[-len(left):] != left):
+            return None
+        return left
 
     def leading_system_count(self) -> int:
         """How many ``system`` messages open the history (the system prompt; a lazy list reads no others)."""
@@ -354,18 +379,30 @@ class Projection:
         if of == ev.MESSAGE_ADDED:
             if gone != {0}:
                 raise ValueError(f"an erased message_added lists indices {sorted(gone)}, not [0]")
-        elif of == ev.MESSAGES_REPLACED:
+            self.removed.append((make_key(seq), make_key(seq)))
+        elif of in (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET):
             msgs = data["messages"]
             if type(msgs) is not list or any((m is None) != (i in gone) or (m is not None and type(m) is not dict)
                                              for i, m in enumerate(msgs)):
                 raise TypeError("data.messages is not a list of message objects with null at the erased indices")
             kept = [i for i in range(len(msgs)) if i not in gone]
-            self.messages = [msgs[i] for i in kept]
-            self.keys = [make_key(seq, i) for i in kept]
-            self.tokens = [None] * len(kept)
-            self.pinned = set()
+            self.removed.extend((make_key(seq, i), make_key(seq, i)) for i in sorted(gone))
+            if of == ev.SYSTEM_PROMPT_SET:  # the leading system messages become the prompts not erased
+                if any(msgs[i].get("role") != "system" for i in kept):
+                    raise TypeError("data.messages of an erased system_prompt_set holds a non-system message")
+                n = self.leading_system_count()
+                self.pinned.difference_update(self.keys[i] for i in range(n))
+                self.messages = [*(msgs[i] for i in kept), *self.messages[n:]]
+                self.keys = [*(make_key(seq, i) for i in kept), *self.keys[n:]]
+                self.tokens = [*([None] * len(kept)), *self.tokens[n:]]
+            else:
+                self.messages = [msgs[i] for i in kept]
+                self.keys = [make_key(seq, i) for i in kept]
+                self.tokens = [None] * len(kept)
+                self.pinned = set()
         else:
-            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added or messages_replaced record")
+            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added, messages_replaced or "
+                             "system_prompt_set record")
         self.has_history = True
 
     def index_of(self, key: int) -> int | None:

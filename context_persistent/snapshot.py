@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
     prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():
         for rec in batch:
-            if redacted and rec["type"] in (ev.MESSAGE_ADDED, ev.MESSAGES_REPLACED):
+            if redacted:
                 _note_redacted(rec, redacted, prints)
             if at_seq is None or rec["seq"] <= at_seq:
                 apply(rec)
@@ -102,15 +102,13 @@ def _fingerprint(message: Any) -> bytes:
 
 
 def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) -> None:
-    """Add the fingerprints of the messages of ``rec`` whose keys are redacted."""
-    data = rec["data"]
-    first = make_key(rec["seq"])
-    if rec["type"] == ev.MESSAGE_ADDED:
-        if first in redacted:
-            prints.add(_fingerprint(data["message"]))
-        return
-    for i, m in enumerate(data["messages"]):
-        if first + i in redacted:
+    """Add the fingerprints of the messages of ``rec`` whose keys are redacted (every record holding messages:
+    ``message_added``, ``messages_replaced``, ``system_prompt_set`` and the erasure tombstones of them)."""
+    from .erasure import message_slots
+
+    seq = rec["seq"]
+    for i, m in message_slots(rec):
+        if make_key(seq, i) in redacted:
             prints.add(_fingerprint(m))
 
 
@@ -283,21 +281,32 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
 _TMP_FILE_RE = re.compile(r"\..+\.tmp-([0-9]+)-[0-9a-f]{8}")
 
 
+def _stale_entries(folder: Path, pattern: re.Pattern[str], pid_group: int, *, directory: bool
+                   ) -> Iterator[tuple[os.DirEntry[str], re.Match[str]]]:
+    """Entries of ``folder`` named by ``pattern`` that are real files (or folders, not links) owned by this
+    user and whose process (the pid in ``pid_group``) is gone, with their match."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            kind_ok = entry.is_dir(follow_symlinks=False) if directory else entry.is_file(follow_symlinks=False)
+            if kind_ok and entry.stat(follow_symlinks=False).st_uid == os.geteuid() and not _alive(int(m[pid_group])):
+                yield entry, m
+        except OSError:
+            continue
+
+
 def clean_stale_temp_files(folder: Path) -> list[Path]:
     """Remove the temp files of exports killed midway in ``folder`` (``.<name>.tmp-<pid>-<8 hex>``): regular
     files of ours whose process is gone. Returns what was removed."""
     removed: list[Path] = []
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return removed
-    for entry in entries:
-        m = _TMP_FILE_RE.fullmatch(entry.name)
-        if m is None or not entry.is_file(follow_symlinks=False):
-            continue
+    for entry, m in _stale_entries(folder, _TMP_FILE_RE, 1, directory=False):
         try:
-            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[1])):
-                continue
             os.unlink(entry.path)
             removed.append(Path(entry.path))
             logger.info("removed %s, left by an export that did not finish (pid %s)", entry.path, m[1])
@@ -420,17 +429,8 @@ def clean_stale_temp_folders(storage: Path) -> list[Path]:
     that lock until the folder is renamed into place or removed, so a folder being written is never touched.
     """
     removed: list[Path] = []
-    try:
-        entries = list(os.scandir(storage))
-    except FileNotFoundError:
-        return removed
-    for entry in entries:
-        m = _TMP_RE.fullmatch(entry.name)
-        if m is None or not entry.is_dir(follow_symlinks=False):
-            continue
+    for entry, m in _stale_entries(storage, _TMP_RE, 2, directory=True):
         try:
-            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(m[2])):
-                continue
             fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
         except OSError:
             continue

@@ -323,3 +323,14 @@ def test_any_sequence_maps_back_exactly(messages: list[LLMMessage]) -> None:
     """from_stored(to_stored(...)) is the identity on any sequence of AutoGen messages."""
     stored = [m for message in messages for m in to_stored(message)]
     assert dump(from_stored(stored)) == dump(messages)
+
+
+async def test_an_erase_through_the_store_leaves_no_stale_copy_in_the_context(tmp_path: Path) -> None:
+    async with PersistentChatCompletionContext(tmp_path, "s", strategy=Unbounded()) as ctx:
+        await ctx.add_message(UserMessage(content="my passport is X1234567", source="user"))
+        await ctx.add_message(UserMessage(content="thanks", source="user"))
+        assert len(await ctx.get_messages()) == 2  # (the context's own copy of the history is built)
+        await (await ctx.store()).erase(0)  # the seq does not move: the tombstone takes the record's place
+        assert [m.content for m in await ctx.get_messages()] == ["thanks"]
+        await ctx.add_message(UserMessage(content="next", source="user"))
+        assert [m.content for m in await ctx.get_messages()] == ["thanks", "next"]

@@ -382,7 +382,20 @@ def _summary(rec: dict[str, Any], on: bool, width: int = 100) -> str:
         m = data.get("message", {})
         return role_label(str(m.get("role")), on) + " " + message_text(m, width).replace("\n", " ⏎ ")
     if kind == "messages_replaced":
-        return f"{len(data.get('messages', []))} messages"
+        why = data.get("reason")
+        return f"{len(data.get('messages', []))} messages" + (f"; reason: {why}" if why else "")
+    if kind == "system_prompt_set":
+        prompts = [m for m in data.get("messages", []) if isinstance(m, dict)]
+        text = " | ".join(message_text(m, width).replace("\n", " ⏎ ") for m in prompts)
+        return f"system prompt ({data.get('source')}): {text}"[:width + 30]
+    if kind == "replay_recognised":
+        keys = data.get("keys")
+        if not isinstance(keys, list):
+            return f"{data.get('count')} replayed messages (audit only)"
+        seqs = ", ".join(str(k >> 20) if isinstance(k, int) else "?" for k in keys)
+        return f"{len(keys)} replayed messages folded out of the views (seq {seqs})"[:width + 30]
+    if kind == "transcript_ignored":
+        return f"set_messages of {data.get('count')} messages ignored ({data.get('kind')}): {data.get('reason')}"
     if kind == "erased":
         gone = ", ".join(f"index {e.get('index')} ({e.get('sha256', '')[:19]}…)" for e in data.get("erased", []))
         return f"tombstone of a {data.get('of')} record: erased {gone}" + (

@@ -315,6 +315,12 @@ def _strategy_from_config(config: Mapping[str, Any]) -> Strategy:
     return kinds[kind](**args)  # type: ignore[no-any-return]
 
 
+def _stamp(store: PersistentContextManager, added: int = 0) -> tuple[int, int]:
+    """What the history's state is known by: the head seq (``added`` to it), and the store's epoch, which an
+    erase moves although the head seq stays (its tombstones take the erased records' places)."""
+    return store.head_seq + added, store._epoch
+
+
 class PersistentChatCompletionContext(ChatCompletionContext, Component[PersistentChatCompletionContextConfig]):
     """A ``ChatCompletionContext`` backed by one session of the store.
 
@@ -351,7 +357,7 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
         #: The full history as AutoGen messages, kept in step with the store (rebuilt from it when it changed
         #: behind our back); None until first needed.
         self._mirror: list[LLMMessage] | None = None
-        self._mirror_seq = -1
+        self._mirror_seq: tuple[int, int] = (-1, -1)
 
     def _to_config(self) -> PersistentChatCompletionContextConfig:
         path, session_id, config = self._open_args
@@ -407,15 +413,15 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
         stored = to_stored(message)
         for m in stored:
             await store.add_message(m)
-        if self._mirror is not None and self._mirror_seq == store.head_seq - len(stored):
+        if self._mirror is not None and self._mirror_seq == _stamp(store, -len(stored)):
             self._mirror.append(message.model_copy(deep=True))
-            self._mirror_seq = store.head_seq
+            self._mirror_seq = _stamp(store)
 
     async def _history(self) -> list[LLMMessage]:
         store = await self.store()
-        if self._mirror is None or self._mirror_seq != store.head_seq:
+        if self._mirror is None or self._mirror_seq != _stamp(store):
             self._mirror = from_stored(await store.get_messages())
-            self._mirror_seq = store.head_seq
+            self._mirror_seq = _stamp(store)
         return self._mirror
 
     # -- ChatCompletionContext ---------------------------------------------------------------------------------
