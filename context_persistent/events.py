@@ -23,8 +23,9 @@ EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
      REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED}
 )
-#: Audit events: recorded for operators, they change no view.
-AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED})
+#: Audit events: recorded for operators, they change no view. (``replay_recognised`` changes the views when
+#: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)
+AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, LOG_REPAIRED, COMPACTED})
 
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 _ROLE_SET: Final = frozenset(ROLES)

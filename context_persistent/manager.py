@@ -18,7 +18,7 @@ from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import session_dir, validate_session_id
-from .replay import COMPLETE, HELD, ReplayRecogniser
+from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, TokenCounter
 from .views import conversation_view, reasoning_view
@@ -43,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "max_tokens": 200_000,
     "safety_margin": 1000,
     "checkpoint_every": 10_000,
-    "recognise_replay": True,
+    "recognise_replay": False,  # the Amplifier mount turns it on (mount.py)
+    "resume_rule": "recognise",
     "copy_request_view": False,
     "export_on_compact": False,
     "export_on_compact_every": 100,
@@ -51,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "dsn": None,
     "pg_schema": None,
 }
+
+#: What set_messages does once the store loaded its own log (docs/resume.md).
+RESUME_RULES = ("recognise", "strict")
 
 #: Storage backends (docs/postgres.md): ``dsn`` falls back to $CONTEXT_PERSISTENT_DSN, ``pg_schema`` to
 #: $CONTEXT_PERSISTENT_PG_SCHEMA, then ``context_persistent``.
@@ -149,7 +153,9 @@ class PersistentContextManager:
         self._readonly = log.readonly
         self._closed = False
         self._loaded_from_file = False
-        self._pending: list[tuple[str, Any, bytes, asyncio.Future[None]]] = []
+        #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
+        self._cleared_here = False
+        self._pending: list[tuple[str, Any, bytes, asyncio.Future[int]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
         self._replay: ReplayRecogniser | None = None
@@ -214,6 +220,8 @@ class PersistentContextManager:
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
+        if cfg["resume_rule"] not in RESUME_RULES:
+            raise ValueError(f"resume_rule must be one of {', '.join(RESUME_RULES)}; got {cfg['resume_rule']!r}")
         from .compaction import CompactionConfig
 
         cfg["compaction"] = CompactionConfig.from_config(config)
@@ -329,8 +337,8 @@ class PersistentContextManager:
         if self._readonly:
             raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
 
-    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> None:
-        """Append one event and apply it once it is durable (per the fsync policy)."""
+    async def _commit(self, type_: str, data: Any, data_json: bytes | None = None) -> int:
+        """Append one event and apply it once it is durable (per the fsync policy); returns its seq."""
         self._check_writable()
         if data_json is None:
             data_json = codec.dumps(data)
@@ -343,17 +351,17 @@ class PersistentContextManager:
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
             self._after_append()
-            return
-        await self._enqueue(type_, data, data_json)
+            return seq
+        return await self._enqueue(type_, data, data_json)
 
-    def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[None]:
+    def _enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[int]:
         """Queue an event for the next group commit; the future is done once it is durable and applied.
 
         A plain method returning the future (not a coroutine): ``add_message`` awaits it directly, one
         coroutine frame less per message. Each caller has its own future: a future shared by the group would
         be cancelled for all of them when one caller is cancelled.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((type_, data, data_json, fut))
         if self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_pending())
@@ -387,7 +395,7 @@ class PersistentContextManager:
                     if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
                     if not fut.done():  # (a cancelled caller's record is written all the same)
-                        fut.set_result(None)
+                        fut.set_result(seq)
                 self._after_append()
         finally:
             self._flush_task = None
@@ -399,8 +407,9 @@ class PersistentContextManager:
     async def add_message(self, message: dict[str, Any]) -> None:
         """Append a message; returns once it is durable (fsync policy). ValueError if it is invalid.
 
-        Right after a resume, messages that replay the loaded history are recognised and not stored twice
-        (see replay.py and docs/resume.md).
+        Every call that returns has written its message. With ``recognise_replay`` (the Amplifier mount), a
+        host replaying the loaded history right after a resume is recognised and the repetition folded out
+        of the views by a later event (see replay.py and docs/resume.md).
         """
         self._check_writable()
         msg_json = ev.validate_message(message)
@@ -408,57 +417,99 @@ class PersistentContextManager:
         # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
         stored = _copy(message)
         replay = self._replay
-        if replay is not None:
-            verdict = replay.offer(stored, msg_json)
-            if verdict == HELD:
-                return
+        if replay is not None and replay.complete:
+            # The next message after a complete replay confirms it: fold the repetition out, then go on.
             self._replay = None
-            if verdict == COMPLETE:
-                payload = b"[" + b",".join(j for _, j in replay.held) + b"]"
-                await self._commit(ev.REPLAY_RECOGNISED, {"count": len(replay.held), "digest": ev.digest(payload)})
-                logger.info("session %s: %d add_message calls replayed the loaded history; not stored twice",
-                            self.session_id, len(replay.held))
-                return
-            await self._write_held(replay)
-            self._check_writable()  # (the store may have been closed meanwhile)
+            await self._commit_replay(replay)
+            replay = None
         data, data_json = {"message": stored}, b'{"message":%s}' % msg_json
-        if self._inline_appends:
-            await self._commit(ev.MESSAGE_ADDED, data, data_json)
-        else:
-            await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+        if replay is None:
+            if self._inline_appends:
+                await self._commit(ev.MESSAGE_ADDED, data, data_json)
+            else:
+                await self._enqueue(ev.MESSAGE_ADDED, data, data_json)  # (writability is checked above)
+            return
+        seq = await self._commit(ev.MESSAGE_ADDED, data, data_json)
+        if self._replay is replay and stored.get("role") not in TRANSCRIPT_SKIPS:
+            if replay.offer(stored, make_key(seq), msg_json) == MISMATCH:
+                self._replay = None
 
-    async def _write_held(self, replay: ReplayRecogniser | None = None) -> None:
-        """Write messages held by the replay recogniser: they turned out not to be a replay."""
-        replay = replay or self._replay
+    async def _commit_replay(self, replay: ReplayRecogniser) -> None:
+        """Write the ``replay_recognised`` event that folds a confirmed replay out of the views."""
+        payload = b"[" + b",".join(replay.digests) + b"]"
+        await self._commit(ev.REPLAY_RECOGNISED, {"count": len(replay.keys), "keys": list(replay.keys),
+                                                  "digest": ev.digest(payload)})
+        logger.info("session %s: %d add_message calls replayed the loaded history; folded out of the views",
+                    self.session_id, len(replay.keys))
+
+    def _end_replay(self) -> None:
+        """Any other write, a request for the model or close() ends a replay recognition (nothing is held)."""
         self._replay = None
-        if replay is not None:
-            for held, held_json in replay.held:
-                await self._commit(ev.MESSAGE_ADDED, {"message": held}, b'{"message":%s}' % held_json)
 
-    async def set_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the history, unless this store loaded its own log (the resume rule; see docs/resume.md)."""
+    async def set_messages(self, messages: list[dict[str, Any]], *, reason: str | None = None) -> None:
+        """Replace the history, as the resume rule allows (docs/resume.md).
+
+        A fresh store, or one this process cleared, accepts it. A store that loaded its own log ignores (and
+        audits) a filtered transcript of its history and anything it does not recognise; it accepts the
+        host's repair (applied to the complete history) and an explicit replacement (``reason`` given, e.g.
+        ``reason="undo last turn"``). With ``resume_rule: strict`` it ignores every call once loaded.
+        """
         self._check_writable()
         parts = ev.validate_messages(messages)
-        if self._replay is not None and self._replay.held:
-            await self._write_held()
+        if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+            raise ValueError(f"reason must be a non-empty string saying why the history is replaced, got {reason!r}")
+        self._end_replay()
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
-        if self._loaded_from_file:
-            info = {"count": len(parts), "digest": ev.digest(payload), "bytes": len(payload),
-                    "reason": "the store loaded its own log, which is authoritative"}
-            logger.info("session %s: set_messages with %d messages ignored (%s)", self.session_id,
-                        len(parts), info["reason"])
-            await self._commit(ev.TRANSCRIPT_IGNORED, info)
-            await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
+        if not self._loaded_from_file or self._cleared_here:
+            why = reason or ("after clear() in this process" if self._cleared_here else None)
+            await self._replace(payload, why)
             return
-        await self._commit(ev.MESSAGES_REPLACED, {"messages": orjson.loads(payload)},
-                           b'{"messages":%s}' % payload)
+        if self.config["resume_rule"] == "strict":
+            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+                               "which is authoritative")
+            return
+        if reason is not None:
+            await self._replace(payload, reason)
+            return
+        from .resume import FILTERED, REPAIR, classify
+
+        kind, merged = classify(self._full().messages, orjson.loads(payload))
+        if kind == REPAIR:
+            assert merged is not None
+            merged_payload = b"[" + b",".join(codec.dumps(m) for m in merged) + b"]"
+            logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
+                           self.session_id, len(self._state.messages), len(merged))
+            await self._replace(merged_payload, REPAIR)
+            return
+        if kind == FILTERED:
+            await self._ignore(len(parts), payload, FILTERED, "a filtered transcript of the history the store "
+                               "loaded from its own log, which is authoritative")
+        else:
+            await self._ignore(len(parts), payload, kind, "neither a filtered transcript, a repair of the history "
+                               "nor an explicit replacement (pass reason=...); the store's own log is kept")
+
+    async def _replace(self, payload: bytes, reason: str | None) -> None:
+        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        data_json = b'{"messages":%s}' % payload
+        if reason is not None:
+            data["reason"] = reason
+            data_json = b'{"messages":%s,"reason":%s}' % (payload, codec.dumps(reason))
+        await self._commit(ev.MESSAGES_REPLACED, data, data_json)
+
+    async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
+        info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
+        logger.info("session %s: set_messages with %d messages ignored (%s)", self.session_id, count, reason)
+        await self._commit(ev.TRANSCRIPT_IGNORED, info)
+        await self._emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart)."""
-        await self._write_held()
+        self._check_writable()
+        self._end_replay()
         await self._commit(ev.CLEARED, {})
+        self._cleared_here = True
 
     def _resolve_key(self, message_index: int | None, seq: int | None) -> int:
         if (message_index is None) == (seq is None):
@@ -478,18 +529,18 @@ class PersistentContextManager:
 
     async def pin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Mark a message that compaction must always keep (survives restarts)."""
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.PINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def unpin(self, message_index: int | None = None, *, seq: int | None = None) -> None:
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.UNPINNED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
     async def redact(self, message_index: int | None = None, *, seq: int | None = None) -> None:
         """Hide a message from every view and export (a tombstone event; the log keeps its bytes)."""
-        await self._write_held()  # any other write ends a replay (docs/resume.md); indices then count held ones
+        self._end_replay()  # any other write ends a replay recognition (docs/resume.md)
         key = self._resolve_key(message_index, seq)
         await self._commit(ev.REDACTED, {"key": key, "seq": split_key(key)[0], "index": split_key(key)[1]})
 
@@ -579,6 +630,7 @@ class PersistentContextManager:
         as read-only, or set ``copy_request_view: true`` to get deep copies (see docs/compaction.md).
         """
         self._check_open()
+        self._end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._request_view(budget, source)
         if self.config["copy_request_view"]:
@@ -823,8 +875,7 @@ class PersistentContextManager:
         """Flush and release the session (idempotent)."""
         if self._closed:
             return
-        if self._replay is not None and self._replay.held and not self._closed:
-            await self._write_held()  # a partial replay is kept: duplicates are better than loss
+        self._end_replay()  # an unconfirmed replay stays as written: duplicates are better than loss
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True

@@ -178,6 +178,15 @@ class LazyList:
         self._tail.append(value)
 
     def __delitem__(self, i: Any) -> None:
+        if self._full is None and type(i) is slice and i.step is None and i.stop is None:
+            start = i.start if i.start is not None else 0
+            n = len(self)
+            j = start + n if start < 0 else start
+            if self._bulk.n <= j <= n:  # only items appended since the open: no need to load the rest
+                del self._tail[j - self._bulk.n:]
+                if self.system_indices is not None:
+                    self.system_indices[:] = [k for k in self.system_indices if k < j]
+                return
         del self._all()[i]
 
     def __iter__(self) -> Iterator[Any]:
@@ -281,6 +290,14 @@ class Projection:
             else:
                 del self.messages[i], self.keys[i], self.tokens[i]
                 self.pinned.discard(key)
+        elif kind == ev.REPLAY_RECOGNISED and "keys" in data:
+            # The newest messages repeated the loaded history (replay.py): out of the views, kept in the log.
+            keys = data["keys"]
+            n = len(keys) if type(keys) is list else 0
+            if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
+                raise ValueError("data.keys must name the newest messages of the history, in order")
+            del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
+            self.pinned.difference_update(keys)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:

@@ -40,14 +40,18 @@ def test_amplifier_suites_did_not_skip(pytestconfig: pytest.Config) -> None:
     assert len(names) >= 9 and "test_clear_removes_messages" in names
 
 
-async def test_behavioral_fixture_writes_only_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """mount() with the empty config the Amplifier fixture uses stores under $CONTEXT_PERSISTENT_DIR."""
+async def test_behavioral_fixture_leaves_no_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mount() with the test coordinator and empty config the Amplifier fixtures and validator use writes to a
+    private store that its cleanup deletes: nothing under $CONTEXT_PERSISTENT_DIR or the working directory."""
     from amplifier_core.testing import MockCoordinator
 
     monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "s"))
+    monkeypatch.chdir(tmp_path)
     coordinator = MockCoordinator()
     cleanup = await context_persistent.mount(coordinator, {})
     ctx = coordinator.mount_points["context"]
     await ctx.add_message({"role": "user", "content": "hi"})
+    private = Path(ctx.path)
+    assert private.is_file() and tmp_path not in private.parents
     await cleanup()
-    assert (tmp_path / "s" / "test-session" / "events.jsonl").is_file()
+    assert not private.exists() and list(tmp_path.iterdir()) == []

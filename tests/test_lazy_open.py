@@ -184,10 +184,11 @@ async def test_a_replayed_transcript_is_recognised_on_a_lazy_store(storage: Path
         transcript = [m for m in _fold(storage).messages if m["role"] != "system"]
         for m in transcript:
             await store.add_message(m)
+        await store.add_message({"role": "user", "content": "the new instruction"})  # confirms the replay
         head = store.head_seq
     async with await _open(storage) as store:
         assert store.head_seq == head and await store.get_messages() == _fold(storage).messages
-        assert len(await store.get_messages()) == 4801  # nothing stored twice
+        assert len(await store.get_messages()) == 4802  # nothing shown twice
 
 
 async def test_a_readonly_store_opens_lazily_too(storage: Path) -> None:

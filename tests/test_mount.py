@@ -1,38 +1,59 @@
-"""mount(): session id and storage resolution, observability registration, cleanup."""
+"""mount(): session id and storage resolution, observability registration, cleanup; validator mounts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from amplifier_core.testing import MockCoordinator
 
 from context_persistent import mount
+from context_persistent.mount import is_validator
+
+
+class Coordinator:
+    """The part of a real session's coordinator that mount() uses (not amplifier_core's test coordinator,
+    which mount() recognises as a validator run)."""
+
+    def __init__(self, session_id: str = "test-session") -> None:
+        self.session_id = session_id
+        self.hooks = None
+        self.mount_points: dict[str, Any] = {}
+        self.contributors: dict[str, dict[str, Any]] = {}
+
+    async def mount(self, point: str, module: Any) -> None:
+        self.mount_points[point] = module
+
+    def register_contributor(self, channel: str, name: str, fn: Any) -> None:
+        self.contributors.setdefault(channel, {})[name] = fn
 
 
 async def test_config_wins_over_coordinator_and_env(tmp_path: Path) -> None:
     """config session_id and storage_path win; the cleanup closes the store and releases the lock."""
-    coordinator = MockCoordinator()
+    coordinator = Coordinator()
     cleanup = await mount(coordinator, {"session_id": "from-config", "storage_path": str(tmp_path / "cfg")})
     ctx = coordinator.mount_points["context"]
     await ctx.add_message({"role": "user", "content": "x"})
     assert ctx.path == tmp_path / "cfg" / "from-config" / "events.jsonl"
     await cleanup()
     assert ctx.closed
-    cleanup2 = await mount(MockCoordinator(), {"session_id": "from-config", "storage_path": str(tmp_path / "cfg")})
+    cleanup2 = await mount(Coordinator(), {"session_id": "from-config", "storage_path": str(tmp_path / "cfg")})
     await cleanup2()
 
 
 async def test_env_then_cwd_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without storage_path: $CONTEXT_PERSISTENT_DIR, else .amplifier/context under the working directory."""
     monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "env"))
-    c = MockCoordinator()
+    c = Coordinator()
     cleanup = await mount(c, {})
     assert c.mount_points["context"].path == tmp_path / "env" / "test-session" / "events.jsonl"
     await cleanup()
     monkeypatch.delenv("CONTEXT_PERSISTENT_DIR")
     monkeypatch.chdir(tmp_path)
-    c = MockCoordinator()
+    c = Coordinator()
     cleanup = await mount(c, {})
     assert c.mount_points["context"].path == tmp_path / ".amplifier" / "context" / "test-session" / "events.jsonl"
     await cleanup()
@@ -50,7 +71,7 @@ async def test_registers_observability_events(tmp_path: Path) -> None:
 
 async def test_unknown_keys_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Keys meant for other modules (e.g. the reference module's transcript_path) do not break mounting."""
-    c = MockCoordinator()
+    c = Coordinator()
     cleanup = await mount(c, {"storage_path": str(tmp_path), "transcript_path": "x", "fsync": "batch"})
     assert "transcript_path" in caplog.text
     assert c.mount_points["context"].stats()["fsync"] == "batch"
@@ -60,4 +81,71 @@ async def test_unknown_keys_are_ignored_with_a_warning(tmp_path: Path, caplog: p
 async def test_bad_config_fails_the_mount(tmp_path: Path) -> None:
     """A bad value for a known key fails the mount with a clear error (Amplifier aborts the session)."""
     with pytest.raises(ValueError, match="fsync must be one of"):
-        await mount(MockCoordinator(), {"storage_path": str(tmp_path), "fsync": "maybe"})
+        await mount(Coordinator(), {"storage_path": str(tmp_path), "fsync": "maybe"})
+
+
+async def test_validator_mount_is_ephemeral(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """amplifier_core's test coordinator (the validator's) gets a private store deleted at cleanup: nothing
+    lands in the configured storage, the environment's or the working directory's."""
+    monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "env"))
+    monkeypatch.chdir(tmp_path)
+    c = MockCoordinator()
+    assert is_validator(c) and not is_validator(Coordinator())
+    cleanup = await mount(c, {"storage_path": str(tmp_path / "cfg")})
+    ctx = c.mount_points["context"]
+    await ctx.add_message({"role": "user", "content": "x"})
+    where = Path(ctx.path).parent.parent
+    assert where.is_dir() and oct(where.stat().st_mode & 0o777) == "0o700"
+    assert not (tmp_path / "cfg").exists() and not (tmp_path / "env").exists()
+    await cleanup()
+    assert not where.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+VALIDATOR_CHILD = """
+import asyncio, os, sys, pathlib
+from amplifier_core.testing import MockCoordinator
+from context_persistent import mount
+
+async def main():
+    c = MockCoordinator()
+    cleanup = await mount(c, {"storage_path": sys.argv[1]})
+    await c.mount_points["context"].add_message({"role": "user", "content": "hi"})
+    print("mounted", flush=True)
+    go = pathlib.Path(sys.argv[2])
+    while not go.exists():
+        await asyncio.sleep(0.02)
+    await cleanup()
+    print("done", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_two_validator_processes_do_not_collide(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Two processes mounting the validator's way at the same time both succeed (no shared writer lock), and
+    neither writes under the configured storage, $CONTEXT_PERSISTENT_DIR or the working directory."""
+    env = {**subprocess_env, "CONTEXT_PERSISTENT_DIR": str(tmp_path / "env")}
+    work = tmp_path / "cwd"
+    work.mkdir()
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", VALIDATOR_CHILD, str(tmp_path / "cfg"), str(go)], cwd=work,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        for p in procs:  # both hold their store at once before either lets go
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line == "mounted\n", (line, p.stderr.read() if p.stderr else "")
+        go.touch()
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0 and out == "done\n", err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert not (tmp_path / "cfg").exists() and not (tmp_path / "env").exists()
+    assert list(work.iterdir()) == []
+    assert not (Path(env["HOME"]) / ".amplifier").exists()

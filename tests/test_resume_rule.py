@@ -1,0 +1,155 @@
+"""The resume rule (docs/resume.md): once the store loaded its own log, a filtered transcript never replaces the
+complete history; the host's repair, an explicit replacement and a set_messages after clear() are accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_persistent import PersistentContextManager
+from context_persistent.codec import decode
+from context_persistent.replay import normalise
+
+SYSTEM = {"role": "system", "content": "S"}
+DEV = {"role": "developer", "content": "context files"}
+CALL = {"role": "assistant", "content": [{"type": "text", "text": "let me look", "visibility": None}],
+        "tool_calls": [{"id": "call_1", "tool": "echo", "arguments": {"text": "hi"}}]}
+HISTORY = [SYSTEM, DEV, {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+           {"role": "user", "content": "q2"}, CALL]
+SYNTHETIC_RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "echo",
+                    "content": '{"error": "unknown_error", "message": "Tool execution was interrupted"}'}
+SYNTHETIC_REPLY = {"role": "assistant", "content": [{"type": "text", "text": "The previous tool calls were interrupted."}]}
+
+
+async def _seed(storage: Path, history: list[dict[str, Any]] = HISTORY) -> None:
+    async with await PersistentContextManager.open(storage_path=storage, session_id="s") as s:
+        for m in history:
+            await s.add_message(m)
+
+
+def _records(storage: Path) -> list[dict[str, Any]]:
+    return [decode(x) for x in (storage / "s" / "events.jsonl").read_bytes().rstrip(b"\0").splitlines()]
+
+
+def _of(storage: Path, kind: str) -> list[dict[str, Any]]:
+    return [r["data"] for r in _records(storage) if r["type"] == kind]
+
+
+def _transcript(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the CLI's SessionStore saves: no system/developer messages, sanitize_message's normal form."""
+    return [normalise(m) for m in messages if m["role"] not in ("system", "developer")]
+
+
+def _orphans(messages: list[dict[str, Any]]) -> list[str]:
+    calls = [c["id"] for m in messages for c in (m.get("tool_calls") or [])]
+    answered = {m.get("tool_call_id") for m in messages if m["role"] == "tool"}
+    return [c for c in calls if c not in answered]
+
+
+def _open(storage: Path, **cfg: Any) -> Any:
+    return PersistentContextManager.open(storage_path=storage, session_id="s", **cfg)
+
+
+async def test_filtered_transcript_is_ignored_and_audited(storage: Path) -> None:
+    """The CLI's transcript (no system/developer messages, None fields dropped), current or a turn behind, with
+    or without a fresh system message prepended, is ignored with one transcript_ignored event each."""
+    await _seed(storage)
+    async with await _open(storage) as s:
+        await s.set_messages(_transcript(HISTORY))
+        await s.set_messages(_transcript(HISTORY)[:-2])  # a turn behind
+        await s.set_messages([{"role": "system", "content": "fresh"}, *_transcript(HISTORY)])
+        assert await s.get_messages() == HISTORY
+    ignored = _of(storage, "transcript_ignored")
+    assert [i["kind"] for i in ignored] == ["filtered_transcript"] * 3
+    assert not _of(storage, "messages_replaced")
+
+
+async def test_host_repair_is_accepted_once(storage: Path) -> None:
+    """After a kill during a tool call the CLI finds the unanswered call in get_messages() and sets the history
+    plus a synthetic result: accepted as one messages_replaced (reason host_repair); the next turn's check finds
+    nothing to repair, so it does not repeat."""
+    await _seed(storage)
+    async with await _open(storage) as s:
+        for _turn in range(3):  # the CLI's pre-turn check, turn after turn
+            current = await s.get_messages()
+            if _orphans(current):
+                await s.set_messages([*current, SYNTHETIC_RESULT, SYNTHETIC_REPLY])
+        assert await s.get_messages() == [*HISTORY, SYNTHETIC_RESULT, SYNTHETIC_REPLY]
+    replaced = _of(storage, "messages_replaced")
+    assert len(replaced) == 1 and replaced[0]["reason"] == "host_repair"
+    assert not _of(storage, "transcript_ignored")
+    async with await _open(storage) as s:
+        assert not _orphans(await s.get_messages())
+
+
+async def test_repair_of_the_saved_transcript_keeps_our_system_messages(storage: Path) -> None:
+    """A repair made on the CLI's saved transcript (no system/developer, normal form) is applied to the complete
+    history: our system and developer messages and exact forms stay."""
+    await _seed(storage)
+    async with await _open(storage) as s:
+        await s.set_messages([*_transcript(HISTORY), SYNTHETIC_RESULT])
+        assert await s.get_messages() == [*HISTORY, SYNTHETIC_RESULT]
+
+
+async def test_explicit_replacement_is_accepted(storage: Path) -> None:
+    """A library user undoing the last turn passes a reason; the same list without one looks like a transcript a
+    turn behind and is ignored."""
+    await _seed(storage)
+    async with await _open(storage) as s:
+        undo = (await s.get_messages())[:-2]
+        await s.set_messages(undo)
+        assert await s.get_messages() == HISTORY
+        await s.set_messages(undo, reason="undo last turn")
+        assert await s.get_messages() == undo
+    assert [r["reason"] for r in _of(storage, "messages_replaced")] == ["undo last turn"]
+    with pytest.raises(ValueError, match="reason must be a non-empty string"):
+        async with await _open(storage) as s:
+            await s.set_messages([], reason="  ")
+
+
+async def test_set_messages_after_clear_in_the_same_process(storage: Path) -> None:
+    await _seed(storage)
+    async with await _open(storage) as s:
+        await s.clear()
+        await s.set_messages([{"role": "user", "content": "new start"}])
+        assert await s.get_messages() == [{"role": "user", "content": "new start"}]
+    assert _of(storage, "messages_replaced")[-1]["reason"] == "after clear() in this process"
+
+
+async def test_stale_transcripts_do_not_undo_a_clear_or_a_redaction(storage: Path) -> None:
+    """In a later process a transcript saved before a clear or a redaction is not recognised: ignored."""
+    await _seed(storage)
+    async with await _open(storage) as s:
+        await s.redact(3)  # the assistant's "a1"
+    async with await _open(storage) as s:
+        await s.set_messages(_transcript(HISTORY))
+        assert {"role": "assistant", "content": "a1"} not in await s.get_messages()
+        await s.clear()
+    async with await _open(storage) as s:
+        await s.set_messages(_transcript(HISTORY))
+        assert await s.get_messages() == []
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["not_recognised"] * 2
+
+
+async def test_strict_rule_ignores_every_set_messages(storage: Path) -> None:
+    await _seed(storage)
+    async with await _open(storage, resume_rule="strict") as s:
+        await s.set_messages([*await s.get_messages(), SYNTHETIC_RESULT])
+        await s.set_messages(HISTORY[:2], reason="undo")
+        assert await s.get_messages() == HISTORY
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["strict"] * 2
+    with pytest.raises(ValueError, match="resume_rule must be one of recognise, strict"):
+        await _open(storage, resume_rule="lenient")
+
+
+async def test_a_repair_must_answer_an_unanswered_call(storage: Path) -> None:
+    """Added messages that answer no unanswered call (or a user message) are not a repair: ignored."""
+    await _seed(storage, HISTORY[:4])
+    async with await _open(storage) as s:
+        await s.set_messages([*HISTORY[:4], {"role": "assistant", "content": "extra"}])
+        await s.set_messages([*HISTORY[:4], {"role": "tool", "tool_call_id": "nope", "content": "x"}])
+        await s.set_messages([*HISTORY[:4], {"role": "user", "content": "more"}])
+        assert await s.get_messages() == HISTORY[:4]
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["not_recognised"] * 3
