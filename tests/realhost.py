@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = Path(__file__).resolve().parent / "amplifier_host" / "modules"
 HOST_ENV = "CONTEXT_PERSISTENT_AMPLIFIER_HOST"
@@ -42,22 +40,28 @@ def host_dir() -> Path:
     return Path(os.environ.get(HOST_ENV) or ROOT.parent / "shared" / "amplifier-host")
 
 
+class HostUnavailable(Exception):
+    """The archives are not there."""
+
+
 def unavailable(reason: str) -> None:
     """Skip, or fail when CI requires the real host."""
+    import pytest
+
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"the real Amplifier host is required ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
     pytest.skip(reason)
 
 
 def find_archives(folder: Path) -> dict[str, Path]:
-    """The three source archives in ``folder``; calls ``unavailable`` if any is missing."""
+    """The three source archives in ``folder``; HostUnavailable (with the reason) if any is missing."""
     if not folder.is_dir():
-        unavailable(f"no Amplifier host archives at {folder} (set {HOST_ENV} to their folder)")
+        raise HostUnavailable(f"no Amplifier host archives at {folder} (set {HOST_ENV} to their folder)")
     found: dict[str, Path] = {}
     for name in ARCHIVES:
         matches = sorted(folder.glob(f"{name}-*.tar.gz"))
         if len(matches) != 1:
-            unavailable(f"expected one {name}-<commit>.tar.gz in {folder}, found {len(matches)}")
+            raise HostUnavailable(f"expected one {name}-<commit>.tar.gz in {folder}, found {len(matches)}")
         found[name] = matches[0]
     return found
 

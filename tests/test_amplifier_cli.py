@@ -22,20 +22,41 @@ from typing import Any
 
 import pytest
 
-from realhost import Cli, Host, build_host, check_request, find_archives, host_dir, session_id_of, text_of, user_texts
+from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, session_id_of,
+                      text_of, unavailable, user_texts)
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
-    find_archives(host_dir())  # skips (or fails in CI) before any work when the archives are absent
+    try:
+        find_archives(host_dir())
+    except HostUnavailable as e:  # a skip, or a failure where CI requires the host
+        unavailable(str(e))
     return build_host(tmp_path_factory.mktemp("amplifier-host"))
 
 
 @pytest.fixture
 def cli(host: Host, tmp_path: Path) -> Cli:
     return Cli(host, tmp_path)
+
+
+def test_absent_host_is_a_skip_with_the_reason_or_a_failure_in_ci(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTEXT_PERSISTENT_AMPLIFIER_HOST", str(tmp_path / "nowhere"))
+    with pytest.raises(HostUnavailable, match="no Amplifier host archives at .*nowhere"):
+        find_archives(host_dir())
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "amplifier-app-cli-f16375f.tar.gz").write_bytes(b"")
+    with pytest.raises(HostUnavailable, match="expected one amplifier-foundation-<commit>.tar.gz"):
+        find_archives(tmp_path / "partial")
+    monkeypatch.delenv("CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="the reason"):
+        unavailable("the reason")
+    monkeypatch.setenv("CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST", "1")
+    with pytest.raises(pytest.fail.Exception, match="required .* but the reason"):
+        unavailable("the reason")
 
 
 def assert_requests_valid(cli: Cli, session_id: str) -> list[list[dict[str, Any]]]:
