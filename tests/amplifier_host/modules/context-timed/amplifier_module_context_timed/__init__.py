@@ -89,6 +89,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         path = os.environ.get("CP_BENCH_TIMING")
         if path:
             with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"module": config["inner"], "pid": os.getpid(), "totals": totals}) + "\n")
+                f.write(json.dumps({"module": config["inner"], "pid": os.getpid(),
+                                    "session_id": str(getattr(coordinator, "session_id", "")),
+                                    "totals": totals}) + "\n")
 
     return cleanup
