@@ -18,10 +18,11 @@ REDACTED: Final = "redacted"
 REPLAY_RECOGNISED: Final = "replay_recognised"
 LOG_REPAIRED: Final = "log_repaired"
 COMPACTED: Final = "compacted"
+SYSTEM_PROMPT_SET: Final = "system_prompt_set"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SYSTEM_PROMPT_SET}
 )
 #: Audit events: recorded for operators, they change no view. (``replay_recognised`` changes the views when
 #: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)

@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -107,6 +108,15 @@ def _copy(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does
 
 
+def _is_prompt(message: dict[str, Any]) -> bool:
+    """A system message that can be the system prompt (a hook's injection, ``metadata.source == "hook"``, is
+    conversation content)."""
+    if message.get("role") != "system":
+        return False
+    meta = message.get("metadata")
+    return not (isinstance(meta, dict) and meta.get("source") == "hook")
+
+
 class _Flags:
     """``flags[i]``: whether index ``i`` is in a set (pinned flags without a list as long as the history)."""
 
@@ -155,6 +165,11 @@ class PersistentContextManager:
         self._loaded_from_file = False
         #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
         self._cleared_here = False
+        #: The host's system prompt factory (set_system_prompt_factory; hooks read and wrap this attribute).
+        self._system_prompt_factory: Callable[[], Awaitable[str]] | None = None
+        #: System messages added at session start on a resume (the host's fallback for a system prompt): they
+        #: replace the history's leading system messages instead of piling up (docs/resume.md).
+        self._start_prompts: list[dict[str, Any]] | None = None
         self._pending: list[tuple[str, Any, bytes, asyncio.Future[int]]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.recovered: Any = None
@@ -274,6 +289,8 @@ class PersistentContextManager:
         log = self._log
         state = self._state
         self._loaded_from_file = state.has_history
+        if state.has_history and not self._readonly:
+            self._start_prompts = []
         if state.has_history and not self._readonly and self.config["recognise_replay"]:
             self._replay = ReplayRecogniser(state.messages)
             if not self._replay.active:
@@ -305,7 +322,8 @@ class PersistentContextManager:
     # -- properties ---------------------------------------------------------------------------------
     @property
     def loaded_from_file(self) -> bool:
-        """True when the log held history (a message, a replacement or a clear) when this store opened.
+        """True when the log held history (a message, a replacement, a clear or a system prompt) when this store
+        opened.
 
         A log that exists but holds only ``session_started`` counts as fresh (False): there is nothing of
         ours to protect, so ``set_messages`` is accepted. A log that was cleared counts as loaded (True): the
@@ -416,6 +434,15 @@ class PersistentContextManager:
         # Our own copy (the caller may change its dict later). Validated, the message holds only JSON types, so
         # _copy gives what orjson.loads(msg_json) would, faster (docs/performance.md).
         stored = _copy(message)
+        if self._start_prompts is not None:
+            if _is_prompt(stored):
+                # Session start on a resume: the host's fallback re-adds the system prompt; it replaces the
+                # leading system messages (an event: the log keeps what the model saw when).
+                prompts = [*self._start_prompts, stored]
+                await self._commit(ev.SYSTEM_PROMPT_SET, {"messages": prompts, "source": "add_message"})
+                self._start_prompts = prompts
+                return
+            self._start_prompts = None
         replay = self._replay
         if replay is not None and replay.complete:
             # The next message after a complete replay confirms it: fold the repetition out, then go on.
@@ -443,8 +470,40 @@ class PersistentContextManager:
                     self.session_id, len(replay.keys))
 
     def _end_replay(self) -> None:
-        """Any other write, a request for the model or close() ends a replay recognition (nothing is held)."""
+        """Any other write, a request for the model or close() ends a replay recognition (nothing is held),
+        and the session start (system messages added from then on are conversation messages)."""
         self._replay = None
+        self._start_prompts = None
+
+    async def set_system_prompt_factory(self, factory: Callable[[], Awaitable[str]] | None) -> None:
+        """Register the host's system prompt factory (Amplifier: foundation's bundle prompt, an agent's
+        instruction; hooks wrap it by reading ``_system_prompt_factory`` and setting a new one).
+
+        Called before every request for the model (``get_messages_for_request``): its text is the history's
+        system prompt. When it differs from the prompt the history opens with, a ``system_prompt_set`` event
+        replaces the leading system messages, so every request carries exactly one system prompt, the log
+        keeps what the model saw when, and nothing is written while the prompt stays the same. ``None``
+        unregisters it.
+        """
+        if factory is not None and not callable(factory):
+            raise ValueError(f"the system prompt factory must be an async callable returning a str, got {factory!r}")
+        self._system_prompt_factory = factory
+
+    async def _refresh_system_prompt(self) -> None:
+        factory = self._system_prompt_factory
+        if factory is None or self._readonly or self._closed:
+            return
+        result = factory()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            result = await result
+        if not isinstance(result, str):
+            raise ValueError(f"the system prompt factory returned {type(result).__name__}, expected a str")
+        prompt = {"role": "system", "content": result}
+        state = self._state
+        n = state.leading_system_count()
+        if n == 1 and state.messages[0] == prompt:
+            return
+        await self._commit(ev.SYSTEM_PROMPT_SET, {"messages": [prompt], "source": "factory"})
 
     async def set_messages(self, messages: list[dict[str, Any]], *, reason: str | None = None) -> None:
         """Replace the history, as the resume rule allows (docs/resume.md).
@@ -462,13 +521,13 @@ class PersistentContextManager:
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
         payload = b"[" + b",".join(parts) + b"]"
+        if self._loaded_from_file and self.config["resume_rule"] == "strict":
+            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+                               "which is authoritative")
+            return
         if not self._loaded_from_file or self._cleared_here:
             why = reason or ("after clear() in this process" if self._cleared_here else None)
             await self._replace(payload, why)
-            return
-        if self.config["resume_rule"] == "strict":
-            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
-                               "which is authoritative")
             return
         if reason is not None:
             await self._replace(payload, reason)
@@ -631,6 +690,7 @@ class PersistentContextManager:
         """
         self._check_open()
         self._end_replay()  # a request for the model: whatever was added is a real turn, not a replay
+        await self._refresh_system_prompt()
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._request_view(budget, source)
         if self.config["copy_request_view"]:

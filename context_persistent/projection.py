@@ -298,6 +298,8 @@ class Projection:
                 raise ValueError("data.keys must name the newest messages of the history, in order")
             del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
             self.pinned.difference_update(keys)
+        elif kind == ev.SYSTEM_PROMPT_SET:
+            self._set_system_prompt(seq, data["messages"])
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -307,6 +309,38 @@ class Projection:
             raise ValueError(f"unknown event type {kind!r}; format {FORMAT_VERSION} knows "
                              f"{', '.join(sorted(ev.EVENT_TYPES))}")
         self.version += 1
+
+    def leading_system_count(self) -> int:
+        """How many ``system`` messages open the history (the system prompt; a lazy list reads no others)."""
+        messages = self.messages
+        system = getattr(messages, "system_indices", None) if type(messages) is LazyList else None
+        n = 0
+        if system is not None:
+            for i in system:
+                if i != n or messages[i].get("role") != "system":
+                    break
+                n += 1
+            return n
+        for m in messages:
+            if m.get("role") != "system":
+                break
+            n += 1
+        return n
+
+    def _set_system_prompt(self, seq: int, new: Any) -> None:
+        """``system_prompt_set``: the leading system messages become ``new`` (keys ``seq << 20 | i``)."""
+        if type(new) is not list or not new or any(type(m) is not dict or m.get("role") != "system" for m in new):
+            raise TypeError("data.messages is not a non-empty list of system messages")
+        n = self.leading_system_count()
+        self.pinned.difference_update(self.keys[i] for i in range(n))
+        if n == len(new):  # the usual change: same positions, replaced in place (a lazy list stays lazy)
+            for i, m in enumerate(new):
+                self.messages[i], self.keys[i], self.tokens[i] = m, make_key(seq, i), None
+        else:
+            self.messages = [*new, *self.messages[n:]]
+            self.keys = [*(make_key(seq, i) for i in range(len(new))), *self.keys[n:]]
+            self.tokens = [*([None] * len(new)), *self.tokens[n:]]
+        self.has_history = True
 
     def index_of(self, key: int) -> int | None:
         keys = self.keys

@@ -85,3 +85,30 @@ async def test_provider_budget_reaches_the_store(tmp_path: Path) -> None:
     provider = session.coordinator.get("providers")["fake"]
     assert ctx.resolve_budget(None, provider) == (50_000 - 2_000 - 1_000, "provider")
     await session.cleanup()
+
+
+@pytest.mark.parametrize("host", ["factory", "fallback"])
+async def test_one_system_prompt_in_every_request_over_resumes(tmp_path: Path, host: str) -> None:
+    """What amplifier-foundation does at every session start, resumes included: register the bundle's prompt
+    factory (or, for a context without one, add the prompt as a system message). Every request the orchestrator
+    sends carries exactly one system prompt, the current one."""
+    storage = tmp_path / "store"
+    prompts = ["bundle v1", "bundle v1", "bundle v1", "bundle v2", "bundle v2"]
+    for run, prompt in enumerate(prompts):
+        session = AmplifierSession(_plan(storage), session_id="amp-prompt", is_resumed=run > 0)
+        await session.initialize()
+        ctx = session.coordinator.get("context")
+        if host == "factory":
+            async def factory(prompt: str = prompt) -> str:
+                return prompt
+            await ctx.set_system_prompt_factory(factory)
+        else:
+            await ctx.add_message({"role": "system", "content": prompt})
+        await session.execute(f"question {run}")
+        loop = session.coordinator.get("orchestrator")
+        for request in loop.requests:
+            assert [m["content"] for m in request if m["role"] == "system"] == [prompt]
+            assert request[0]["role"] == "system"
+        await session.cleanup()
+    kinds = [decode(x)["type"] for x in (storage / "amp-prompt" / "events.jsonl").read_bytes().splitlines()]
+    assert kinds.count("system_prompt_set") == (2 if host == "factory" else 4)

@@ -356,3 +356,30 @@ def test_the_projection_knows_the_same_system_roles_as_grouping() -> None:
     from context_persistent import grouping, projection
 
     assert frozenset(projection.SYSTEM_ROLES) == grouping.SYSTEM_ROLES
+
+
+async def test_the_system_prompt_factory_keeps_a_lazy_store_lazy(storage: Path) -> None:
+    """The host's factory runs before the first request: the same prompt writes nothing, a changed one replaces
+    the leading system message in place; neither loads the history, and the views match a whole load."""
+    await _long_session(storage, max_tokens=10_000)
+    for text in ("You are helpful.", "You are terse."):
+        lazy, eager = await _pair(storage, max_tokens=10_000)
+        try:
+            for store in (lazy, eager):
+                async def factory(text: str = text) -> str:
+                    return text
+                await store.set_system_prompt_factory(factory)
+            before = lazy._state.counts.get("system_prompt_set", 0)
+            view = await lazy.get_messages_for_request(token_budget=8_000)
+            assert lazy._state.is_lazy, "the system prompt loaded the whole history"
+            assert view == await eager.get_messages_for_request(token_budget=8_000)
+            assert view[0] == {"role": "system", "content": text}
+            assert [m["content"] for m in view if m["role"] == "system"] == [text]
+            written = lazy._state.counts.get("system_prompt_set", 0) - before
+            assert written == (0 if text == "You are helpful." else 1)
+        finally:
+            await lazy.close()
+            await eager.close()
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage).messages
+        assert (await store.get_messages())[0] == {"role": "system", "content": "You are terse."}

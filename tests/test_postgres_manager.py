@@ -140,3 +140,29 @@ def test_file_to_postgres_to_file_keeps_the_history(pg_dsn: str, pg_schema: str,
     assert asyncio.run(state(ids[2])) == original
     body = [json.loads(x) for x in Path(hop2).read_text().splitlines()[1:]]
     assert [json.loads(x) for x in Path(hop1).read_text().splitlines()[1:]] == body
+
+
+async def test_host_semantics_on_both_backends(storage: Path, sid: str, cfg: dict[str, Any]) -> None:
+    """The system prompt event, a host repair and a confirmed replay fold behave the same on either backend."""
+    orphan = [*HISTORY[:3]]  # the call c1 has no result
+    async with await open_store(storage, sid, cfg) as s:
+        for m in orphan:
+            await s.add_message(m)
+    async with await open_store(storage, sid, cfg, recognise_replay=True) as s:
+        async def factory() -> str:
+            return "new sys"
+        await s.set_system_prompt_factory(factory)
+        for m in orphan[1:]:  # a replay of the transcript, then the new instruction confirms it
+            await s.add_message(m)
+        await s.add_message({"role": "user", "content": "go on"})
+        await s.get_messages_for_request()
+        current = await s.get_messages()
+        result = {"role": "tool", "tool_call_id": "c1", "content": "interrupted"}
+        await s.set_messages([*current[:3], result, *current[3:]])  # as foundation's repair places it
+        expected = [{"role": "system", "content": "new sys"}, *orphan[1:],
+                    {"role": "tool", "tool_call_id": "c1", "content": "interrupted"}, {"role": "user", "content": "go on"}]
+        assert await s.get_messages() == expected
+    async with await open_store(storage, sid, cfg) as s:
+        assert await s.get_messages() == expected
+        assert s.stats()["events"].get("replay_recognised") == 1
+        assert s.stats()["events"].get("system_prompt_set") == 1

@@ -26,29 +26,55 @@ command = st.one_of(
 )
 
 
+def _lead(model: list) -> int:
+    n = 0
+    while n < len(model) and model[n]["role"] == "system":
+        n += 1
+    return n
+
+
 async def _run(commands: list, fsync: str) -> None:
+    """The model follows docs/resume.md: a set_messages is accepted on a fresh store or after this process's
+    clear(), else only as a recognised repair; a system message added at the start of a resumed session
+    replaces the leading system messages."""
+    from context_persistent.resume import REPAIR, classify
+
     with tempfile.TemporaryDirectory() as d:
         model: list = []
-        loaded = False
+        loaded = cleared_here = False
+        start: list | None = None
         s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync, **OPTS)
         try:
             for kind, arg in commands:
                 if kind == "add":
                     await s.add_message(arg)
-                    model.append(arg)
+                    meta = arg.get("metadata")
+                    if start is not None and arg["role"] == "system" and not (
+                            isinstance(meta, dict) and meta.get("source") == "hook"):
+                        start = [*start, arg]
+                        model = [*start, *model[_lead(model):]]
+                    else:
+                        start = None
+                        model.append(arg)
                 elif kind == "set":
+                    verdict, merged = classify(model, arg)
                     await s.set_messages(arg)
-                    if not loaded:
+                    start = None
+                    if not loaded or cleared_here:
                         model = list(arg)
+                    elif verdict == REPAIR:
+                        model = merged
                 elif kind == "clear":
                     await s.clear()
-                    model = []
+                    model, cleared_here, start = [], True, None
                 elif kind == "pin" and arg < len(model):
                     await s.pin(arg)
+                    start = None
                 elif kind == "reopen":
                     await s.close()
                     s = await PersistentContextManager.open(storage_path=d, session_id="p", fsync=fsync, **OPTS)
-                    loaded = s.loaded_from_file
+                    loaded, cleared_here = s.loaded_from_file, False
+                    start = [] if loaded else None
                 assert await s.get_messages() == model
             await s.close()
             s = await PersistentContextManager.open(storage_path=d, session_id="p", readonly=True)

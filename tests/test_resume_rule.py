@@ -139,7 +139,10 @@ async def test_strict_rule_ignores_every_set_messages(storage: Path) -> None:
         await s.set_messages([*await s.get_messages(), SYNTHETIC_RESULT])
         await s.set_messages(HISTORY[:2], reason="undo")
         assert await s.get_messages() == HISTORY
-    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["strict"] * 2
+        await s.clear()
+        await s.set_messages(HISTORY[:2])  # even after a clear in this process
+        assert await s.get_messages() == []
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["strict"] * 3
     with pytest.raises(ValueError, match="resume_rule must be one of recognise, strict"):
         await _open(storage, resume_rule="lenient")
 
