@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -187,6 +188,7 @@ class Cli:
             # Offline, the CLI's add-ons from GitHub fail at once instead of after three retries.
             "AMPLIFIER_GIT_CLONE_TIMEOUT_S": "0.01",
             "NO_COLOR": "1",
+            "PYTHONFAULTHANDLER": "1",  # a crash at exit says where it happened (see host_exit_crash)
             "COLUMNS": "200",
             "TERM": "dumb",
         })
@@ -202,7 +204,7 @@ class Cli:
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([str(self.host.amplifier), *args], cwd=self.project, env=self.env,
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if check and proc.returncode != 0:
+        if check and proc.returncode != 0 and not host_exit_crash(proc):
             raise AssertionError(f"amplifier {' '.join(args)} exited {proc.returncode}\n--- stdout\n"
                                  f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
         return proc
@@ -264,6 +266,23 @@ class Cli:
                 await log.close()
 
         return asyncio.run(read())
+
+
+def host_exit_crash(proc: subprocess.CompletedProcess[str]) -> bool:
+    """The CLI died of the host's crash at interpreter exit, after its command had done its work.
+
+    amplifier-core 2.0.2 sometimes aborts while Python finalises ("PyGILState_Release: thread state ... must
+    be current when releasing", "Python runtime state: finalizing"), or segfaults there in a thread running
+    no Python code. It happens with an in-memory context module too (about 1 exit in 30 on a busy
+    2-core machine), so it is the host's; the tests go on to check what was received and logged.
+    """
+    err = proc.stderr or ""
+    if proc.returncode == -signal.SIGABRT:
+        return "Python runtime state: finalizing" in err
+    if proc.returncode == -signal.SIGSEGV:
+        return "Fatal Python error: Segmentation fault" in err and "<no Python frame>" in err and \
+            "File \"" not in err.split("Fatal Python error: Segmentation fault", 1)[1]
+    return False
 
 
 SESSION_ID = re.compile(r"Session ID:\s*([0-9a-f-]{36})")

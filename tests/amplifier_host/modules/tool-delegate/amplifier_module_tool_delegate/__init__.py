@@ -25,8 +25,9 @@ class Delegate:
             result = await resume(sub_session_id=input["session_id"], instruction="child follow-up")
         else:
             spawn = self.coordinator.get_capability("session.spawn")
-            result = await spawn(agent_name="self", instruction="child task",
-                                 parent_session=self.coordinator.session, agent_configs={})
+            result = await spawn(agent_name="helper", instruction="child task",
+                                 parent_session=self.coordinator.session,
+                                 agent_configs={"helper": {"instruction": "You are the helper agent."}})
         return ToolResult(success=True, output=f"sub-session {result['session_id']}: {result['output']}")
 
 
