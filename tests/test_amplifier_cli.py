@@ -210,7 +210,7 @@ class Pty:
         raise AssertionError(f"the interactive CLI did not exit; it showed:\n{self._text()[-3000:]}")
 
 
-def _interactive_turns(cli: Cli, turns: list[str], *args: str) -> None:
+def _interactive_turns(cli: Cli, turns: list[str], *args: str) -> str:
     """Type ``turns`` one by one at the interactive prompt (each after the previous reply), then ``exit``."""
     term = Pty(cli, *args)
     try:
@@ -222,12 +222,13 @@ def _interactive_turns(cli: Cli, turns: list[str], *args: str) -> None:
         term.send("exit\r")
     finally:
         term.close()
+    return term._text()
 
 
 @pytest.mark.slow
 def test_sigkill_during_a_tool_call_then_interactive_resume_in_a_terminal(cli: Cli) -> None:
     sid = _start_and_kill_during_tool_call(cli)
-    _interactive_turns(cli, ["typed after the kill", "typed twice", "typed twice"], "continue", "--no-history")
+    shown = _interactive_turns(cli, ["typed after the kill", "typed twice", "typed twice"], "continue", "--no-history")
 
     requests = cli.requests(sid)
     # "typed twice" is a real second turn with the same words: both are kept, in order
@@ -235,8 +236,10 @@ def test_sigkill_during_a_tool_call_then_interactive_resume_in_a_terminal(cli: C
                                          "typed twice"]
     problems = {i: p for i, r in enumerate(requests) if (p := check_request(r, repeats=True))}
     assert not problems, problems
-    # the host repaired the unanswered call once: one replacement, not one per turn
-    assert len(records_of(cli, sid, "messages_replaced")) <= 1
+    # the host repaired the unanswered call once (before the first turn), not before every turn
+    assert shown.count("Pre-turn transcript repair") == 1, shown
+    replaced = records_of(cli, sid, "messages_replaced")
+    assert [r["data"].get("reason") for r in replaced] == ["host_repair"]
     logged = cli.log_messages(sid)
     assert [text_of(m) for m in logged if m["role"] == "user"] == user_texts(requests[-1])
 
@@ -250,14 +253,16 @@ def test_sub_session_resume_replays_nothing_twice(cli: Cli) -> None:
     child = children[0]
     cli.run("run", "--resume", sid, f"again {child}")
 
-    parent_requests = assert_requests_valid(cli, sid)
-    assert user_texts(parent_requests[-1]) == ["spawn a helper", f"again {child}"]
     child_requests = assert_requests_valid(cli, child)
     assert len(child_requests) == 2
     assert user_texts(child_requests[-1]) == ["child task", "child follow-up"]
     logged = cli.log_messages(child)
     assert [text_of(m) for m in logged if m["role"] == "user"] == ["child task", "child follow-up"]
     assert [m["role"] for m in logged].count("system") == 1
+    # the replay stays in the log, folded out of the views by one event
+    assert len(records_of(cli, child, "replay_recognised")) == 1
+    parent_requests = assert_requests_valid(cli, sid)
+    assert user_texts(parent_requests[-1]) == ["spawn a helper", f"again {child}"]
 
 
 @pytest.mark.slow
