@@ -93,8 +93,13 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None =
                            f"{proc.stderr[-3000:]}")
 
 
-def build_host(base: Path) -> Host:
-    """Install the real CLI and this package into ``base/venv`` (about 15-30 s with a warm index)."""
+def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ...] = (),
+               pip_cache: Path | None = None) -> Host:
+    """Install the real CLI and this package into ``base/venv`` (about 15-30 s with a warm index).
+
+    ``install_package=False`` leaves this package out (a mount plan's ``source:`` must then install it);
+    ``extra`` names more requirements from the index (e.g. ``uv``, which the CLI's module activator runs).
+    """
     archives = find_archives(host_dir())
     started = time.monotonic()
     src = base / "src"
@@ -122,8 +127,8 @@ def build_host(base: Path) -> Host:
     env.pop("PYTHONPATH", None)
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], env, 120)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--cache-dir", str(base / "pip-cache"),
-          CORE, *sources, str(package)], env, 600, cwd=base)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--cache-dir", str(pip_cache or base / "pip-cache"),
+          CORE, *sources, *([str(package)] if install_package else []), *extra], env, 600, cwd=base)
     modules = base / "modules"
     shutil.copytree(MODULES, modules, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

