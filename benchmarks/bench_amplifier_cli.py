@@ -110,6 +110,7 @@ def run(ctx: Ctx) -> list[Row]:
         walls: dict[str, list[float]] = {k: [] for k in MODULES}
         inside: dict[str, list[float]] = {k: [] for k in MODULES}
         methods: dict[str, list[float]] = {}
+        calls: dict[str, int] = {}
         sessions = {}
         for key, module in MODULES.items():
             ctx.log(f"{module}: a session of {n:,} messages")
@@ -122,8 +123,9 @@ def run(ctx: Ctx) -> list[Row]:
                 walls[key].append(wall)
                 inside[key].append(sum(t for _, t in totals.values()))
                 if key == "ours":
-                    for name, (_, t) in totals.items():
+                    for name, (count, t) in totals.items():
                         methods.setdefault(name, []).append(t * 1000)
+                        calls[name] = int(count)
         rows.append(compare(GROUP, f"{n:,} msgs: one resumed turn, whole CLI process", walls["ours"],
                             walls["floor"], unit="s", ref_name="same CLI, in-memory list context"))
         rows.append(compare(GROUP, f"{n:,} msgs: time inside the context module", inside["ours"],
@@ -132,6 +134,6 @@ def run(ctx: Ctx) -> list[Row]:
         rows.append(info(GROUP, f"{n:,} msgs: our share of the turn (inside / whole process)",
                          median([i / w for i, w in zip(inside["ours"], walls["ours"])]) * 100, "%"))
         for name in sorted(methods, key=lambda k: -median(methods[k])):
-            rows.append(info(GROUP, f"{n:,} msgs: ours, {name}", median(methods[name]), "ms",
-                             samples=methods[name]))
+            rows.append(info(GROUP, f"{n:,} msgs: ours, {name} ({calls[name]} calls)", median(methods[name]),
+                             "ms", samples=methods[name]))
     return rows
