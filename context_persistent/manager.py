@@ -6,8 +6,8 @@ import asyncio
 import gc
 import logging
 import os
-from pathlib import Path
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson

@@ -4,11 +4,11 @@
   every system and developer message on both sides, bring both to the CLI's normal form (replay.normalise:
   ``None`` fields and ``content_blocks`` dropped), and the offered messages are the history's first ones, in
   order: the same history, or one a turn or more behind. It is ignored (and audited).
-- a *host repair*: the history with synthetic results for unanswered tool calls (the CLI's pre-turn repair,
-  amplifier_foundation's ``repair_transcript``): every message of the history is kept in order, except
-  ``tool`` results the repair moved; what is added is a ``tool`` result answering a call of the history that
-  has no result, or an assistant message without calls after such a result. It is applied to the complete
-  history (our system and developer messages and exact forms stay) and stored as a replacement.
+- a *host repair*: what ``get_messages()`` returned, repaired (the CLI's pre-turn repair, amplifier_foundation's
+  ``repair_transcript``): every message of the history is kept unchanged and in order (system and developer
+  messages included), except ``tool`` results the repair moved; what is added is a ``tool`` result answering
+  a call of the history that has no result, or an assistant message without calls right after a tool result
+  (the reply closing an interrupted turn). It is stored as a replacement.
 - anything else is neither: ignored and audited (a stale transcript must not undo a clear or a redaction).
 """
 
@@ -38,7 +38,12 @@ def is_filtered_transcript(history: Any, offered: list[dict[str, Any]]) -> bool:
 
 
 def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The history with the host's repair applied, or None if ``offered`` is not a repair of it."""
+    """The history with the host's repair applied, or None if ``offered`` is not a repair of it.
+
+    The host repairs what ``get_messages()`` returned, so every message of the history it keeps is there
+    unchanged (equal, not merely the same normal form), system and developer messages included, in order.
+    A stale transcript (no system messages, the CLI's normal form) is therefore never taken for a repair.
+    """
     calls: set[str] = set()
     answered: set[str] = set()
     for m in history:
@@ -48,44 +53,40 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
         if key:
             answered.add(key)
     orphans = calls - answered
-    theirs = _conversation(offered)
     out: list[dict[str, Any]] = []
-    added_results = added_other = removed = 0
+    changed = False
     j = 0
 
     def insertable(m: dict[str, Any]) -> bool:
-        nonlocal added_results, added_other
-        if m.get("role") == "tool" and result_key(m) in orphans:
-            orphans.discard(result_key(m))  # type: ignore[arg-type]
-            added_results += 1
-            return True
-        if m.get("role") == "assistant" and not tool_calls_of(m):
-            added_other += 1
-            return True
-        return False
+        role = m.get("role")
+        if role == "tool":
+            key = result_key(m)
+            if key in orphans:  # a result for a call of the history that has none (each call once)
+                orphans.discard(key)  # type: ignore[arg-type]
+                return True
+            return False
+        # the repair's reply closing an interrupted turn: right after a tool result, making no calls
+        return role == "assistant" and not tool_calls_of(m) and bool(out) and out[-1].get("role") == "tool"
 
     for h in history:
-        if h.get("role") in TRANSCRIPT_SKIPS:
-            out.append(h)  # ours stay where they are (the host's copies are not used)
-            continue
-        while j < len(theirs) and not same_message(h, theirs[j]) and insertable(theirs[j]):
-            out.append(theirs[j])
+        while j < len(offered) and offered[j] != h and insertable(offered[j]):
+            out.append(offered[j])
             j += 1
-        if j < len(theirs) and same_message(h, theirs[j]):
+            changed = True
+        if j < len(offered) and offered[j] == h:
             out.append(h)
             j += 1
         elif h.get("role") == "tool":
-            removed += 1  # a result the repair moved or dropped
+            changed = True  # a result the repair moved or dropped
         else:
             return None
-    while j < len(theirs):
-        if not insertable(theirs[j]):
+    while j < len(offered):
+        if not insertable(offered[j]):
             return None
-        out.append(theirs[j])
+        out.append(offered[j])
         j += 1
-    if not added_results and not removed:
-        return None  # nothing a repair does: an assistant message alone is not one
-    return out
+        changed = True
+    return out if changed else None
 
 
 def classify(history: Any, offered: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]] | None]:

@@ -28,10 +28,14 @@ class TestAmplifierContextStructural(ContextStructuralTests):
     """Amplifier's structural validation of the module."""
 
 
-async def test_context_validator_passes() -> None:
-    """ContextValidator accepts the package: importable, mount signature, async protocol methods."""
+async def test_context_validator_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ContextValidator accepts the package: importable, mount signature, async protocol methods; and its mount
+    leaves nothing in the storage a real session would use (no test-session there, no lock)."""
+    monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "store"))
+    monkeypatch.chdir(tmp_path)
     result = await ContextValidator().validate(PACKAGE_DIR)
     assert result.passed, [f"{c.name}: {c.message}" for c in result.errors]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_amplifier_suites_did_not_skip(pytestconfig: pytest.Config) -> None:

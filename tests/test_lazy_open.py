@@ -383,3 +383,22 @@ async def test_the_system_prompt_factory_keeps_a_lazy_store_lazy(storage: Path) 
     async with await _open(storage) as store:
         assert await store.get_messages() == _fold(storage).messages
         assert (await store.get_messages())[0] == {"role": "system", "content": "You are terse."}
+
+
+def test_a_replay_fold_on_a_lazy_projection_loads_nothing() -> None:
+    """replay_recognised removes the newest messages: on a lazy projection they are all in memory."""
+    loads = []
+    base = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+    def loader() -> tuple[list[Any], list[Any], list[Any]]:
+        loads.append(1)
+        return list(base), [1 << 20, 2 << 20, 3 << 20], [None, None, None]
+
+    meta = {"pinned": [], "head_seq": 3, "has_history": True, "session": {}, "counts": {}}
+    p = Projection.lazy(meta, 3, {0: (base[0], 1 << 20, None)}, [0], loader)
+    p.apply({"seq": 4, "type": "message_added", "data": {"message": {"role": "system", "content": "S2"}}})
+    p.apply({"seq": 5, "type": "message_added", "data": {"message": base[1]}})
+    p.apply({"seq": 6, "type": "replay_recognised", "data": {"count": 2, "keys": [4 << 20, 5 << 20]}})
+    assert not loads and p.is_lazy and len(p.messages) == 3
+    assert p.messages.system_indices == [0]  # type: ignore[attr-defined]
+    assert list(p.messages) == base and loads == [1]

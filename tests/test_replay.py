@@ -188,3 +188,16 @@ async def test_a_fold_that_names_other_messages_is_corruption(storage: Path) -> 
                      + codec.encode(head + 2, "message_added", codec.dumps({"message": NEW}), codec.now_iso()))
     with pytest.raises(LogCorruptedError, match="newest messages"):
         await PersistentContextManager.open(storage_path=storage, session_id="r")
+
+
+async def test_an_earlier_versions_replay_recognised_is_an_audit_record(storage: Path) -> None:
+    """Written without keys (by a version that held the replayed messages back), it changes no view."""
+    from context_persistent import codec
+
+    await _seed(storage)
+    path = storage / "r" / "events.jsonl"
+    head = len(path.read_bytes().splitlines())
+    path.write_bytes(path.read_bytes() + codec.encode(head + 1, "replay_recognised",
+                                                      codec.dumps({"count": 3, "digest": "sha256:00"}), codec.now_iso()))
+    async with await PersistentContextManager.open(storage_path=storage, session_id="r") as s:
+        assert await s.get_messages() == HISTORY and s.head_seq == head + 1

@@ -84,13 +84,40 @@ async def test_host_repair_is_accepted_once(storage: Path) -> None:
         assert not _orphans(await s.get_messages())
 
 
-async def test_repair_of_the_saved_transcript_keeps_our_system_messages(storage: Path) -> None:
-    """A repair made on the CLI's saved transcript (no system/developer, normal form) is applied to the complete
-    history: our system and developer messages and exact forms stay."""
+async def test_incomplete_turn_repair_is_accepted_once(storage: Path) -> None:
+    """Killed after the tool result, before the reply: the CLI's check finds an incomplete turn and adds the
+    repair's reply after the result; accepted once."""
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "hi"}
+    await _seed(storage, [*HISTORY, result])
+    async with await _open(storage) as s:
+        for _turn in range(2):
+            current = await s.get_messages()
+            if current[-1]["role"] == "tool":
+                await s.set_messages([*current, SYNTHETIC_REPLY])
+        assert await s.get_messages() == [*HISTORY, result, SYNTHETIC_REPLY]
+    assert [r["reason"] for r in _of(storage, "messages_replaced")] == ["host_repair"]
+
+
+async def test_a_repair_of_the_saved_transcript_is_not_taken(storage: Path) -> None:
+    """A repair is recognised on what get_messages() returned; a list built from the saved transcript (no system
+    or developer messages, normal form) is not one: ignored (the request view answers the call anyway)."""
     await _seed(storage)
     async with await _open(storage) as s:
         await s.set_messages([*_transcript(HISTORY), SYNTHETIC_RESULT])
-        assert await s.get_messages() == [*HISTORY, SYNTHETIC_RESULT]
+        assert await s.get_messages() == HISTORY
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["not_recognised"]
+
+
+async def test_a_stale_transcript_does_not_undo_a_redacted_tool_result(storage: Path) -> None:
+    """The redacted result leaves its call unanswered; the host's transcript saved before the redaction still has
+    it, but is not a repair of the history (it has no system messages): ignored, the result stays hidden."""
+    secret = {"role": "tool", "tool_call_id": "call_1", "content": "the secret"}
+    await _seed(storage, [*HISTORY, secret])
+    async with await _open(storage) as s:
+        await s.redact(len(HISTORY))
+    async with await _open(storage) as s:
+        await s.set_messages(_transcript([*HISTORY, secret]))
+        assert secret not in await s.get_messages()
 
 
 async def test_explicit_replacement_is_accepted(storage: Path) -> None:
