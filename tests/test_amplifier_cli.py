@@ -6,6 +6,9 @@ records every request it receives, an echo tool and a delegate tool. Each test d
 processes and checks what the provider received on every request (exactly one system prompt, first; every
 user turn once; tool calls and results in pairs) and what our log holds (read with the package's API,
 read-only).
+
+Installing the CLI takes about 25 s and the file about 80 s in all, so every test that needs the host is
+marked slow (``make test-fast`` leaves them out; CI runs them).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ def records_of(cli: Cli, session_id: str, type_: str) -> list[dict[str, Any]]:
     return [r for r in cli.log_records(session_id) if r["type"] == type_]
 
 
+@pytest.mark.slow
 def test_run_resume_continue_one_system_prompt_every_turn_once(cli: Cli) -> None:
     sid = session_id_of(cli.run("run", "-B", cli.bundle_uri, "first turn, use a tool").stdout)
     cli.run("run", "--resume", sid, "second turn")
@@ -99,6 +103,7 @@ def test_run_resume_continue_one_system_prompt_every_turn_once(cli: Cli) -> None
     assert [text_of(m) for m in added if m["role"] == "user"] == user_texts(requests[-1])
 
 
+@pytest.mark.slow
 def test_a_changed_bundle_prompt_replaces_the_old_one(cli: Cli) -> None:
     sid = session_id_of(cli.run("run", "-B", cli.bundle_uri, "hello").stdout)
     cli.write_bundle(instruction="You are the renamed agent.")
