@@ -107,7 +107,8 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     sources = []
     for name, archive in archives.items():
         with tarfile.open(archive) as tar:
-            tar.extractall(src / archive.name.removesuffix(".tar.gz"), filter="data")
+            safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(src / archive.name.removesuffix(".tar.gz"), **safe)
         roots = [p.parent for p in (src / archive.name.removesuffix(".tar.gz")).glob("*/pyproject.toml")]
         if len(roots) != 1:
             raise RuntimeError(f"{archive}: expected one project folder with a pyproject.toml, found {roots}")
