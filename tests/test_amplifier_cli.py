@@ -101,6 +101,8 @@ def test_run_resume_continue_one_system_prompt_every_turn_once(cli: Cli) -> None
     # each user turn was written to the log once
     added = [r["data"]["message"] for r in records_of(cli, sid, "message_added")]
     assert [text_of(m) for m in added if m["role"] == "user"] == user_texts(requests[-1])
+    # the kernel's validator mounted the module at every start: it left nothing in the store
+    assert sorted(p.name for p in cli.storage.iterdir()) == [sid]
 
 
 @pytest.mark.slow
