@@ -28,9 +28,9 @@ from .mount import mount
 
 
 def __getattr__(name: str) -> object:
-    # import_ pulls in the snapshot machinery (aiofiles and the formats): load it on first use.
+    # import_ pulls in the snapshot machinery (transfer.py) (aiofiles and the formats): load it on first use.
     if name == "import_":
-        from .snapshot import import_
+        from .transfer import import_
 
         return import_
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

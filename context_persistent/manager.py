@@ -15,11 +15,12 @@ import orjson
 
 from . import codec
 from . import events as ev
+from .backends import BACKENDS, open_log
 from .budget import resolve_budget
 from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
-from .paths import session_dir, validate_session_id
+from .paths import validate_session_id
 from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
 from .tokens import DEFAULT_ENCODING, PIECE, TokenCounter, message_text, resolve_tokenizer
@@ -64,24 +65,6 @@ DEFAULTS: dict[str, Any] = {
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
 RESUME_RULES = ("recognise", "strict")
-
-#: Storage backends (docs/postgres.md): ``dsn`` falls back to $CONTEXT_PERSISTENT_DSN, ``pg_schema`` to
-#: $CONTEXT_PERSISTENT_PG_SCHEMA, then ``context_persistent``.
-BACKENDS = ("file", "postgres")
-
-
-async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: dict[str, Any], *,
-                   readonly: bool = False, create: bool = True) -> EventLog:
-    """The event log of ``cfg["backend"]`` for a session (the one place the backend is chosen)."""
-    if cfg.get("backend", "file") == "postgres":
-        from .pg import PostgresEventLog
-
-        return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
-                                           readonly=readonly, create=create)
-    return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
-                        fsync=cfg.get("fsync", "always"), create=create,
-                        reserve_tail=cfg.get("reserve_tail", False))
-
 
 #: Keys validated and used by the compaction layer (docs/compaction.md, docs/configuration.md).
 COMPACTION_KEYS = ("auto_compact", "compact_threshold", "compaction_threshold", "target_usage", "strategy",

@@ -4,8 +4,9 @@
   ``at_seq`` (time travel: the log's records up to that seq are replayed through ``Projection.apply``, from
   a separate read-only handle on the log), to a file written atomically (temp file 0600, fsync, rename,
   fsync of the folder).
-- ``import_(path, session_id=..., storage_path=...)`` creates a NEW session from a snapshot, an Amplifier
-  CLI ``transcript.jsonl`` or the reference module's ``context-messages.jsonl``.
+- ``session_lines`` and ``create_session`` build a NEW session from messages; ``transfer.import_`` uses them
+  to create one from a snapshot, an Amplifier CLI ``transcript.jsonl`` or the reference module's
+  ``context-messages.jsonl``.
 - ``fork(store, new_session_id, at_seq=...)`` creates a NEW session holding the history and pins as of a seq,
   whose ``session_started`` names its parent.
 
@@ -40,6 +41,7 @@ from . import snapshot_codec as sc
 from .errors import InvalidRecordError, SessionExistsError
 from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     session_dir, validate_session_id)
+from .backends import open_log
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
 
@@ -138,8 +140,6 @@ async def open_at(store: PersistentContextManager, at_seq: int) -> PersistentCon
     It replays the log from a second, read-only handle (no lock; the writer is not disturbed) and offers
     every read method of the store (views, request view, token counts, stats) on that past state.
     """
-    from .manager import open_log
-
     _check_at_seq(at_seq, store.head_seq)
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
     try:
@@ -452,8 +452,6 @@ def clean_stale_temp_folders(storage: Path) -> list[Path]:
 async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
                              config: dict[str, Any]) -> str:
     """Other backends: one append of every record (one transaction on PostgreSQL); returns where it lives."""
-    from .manager import open_log
-
     log = await open_log(storage_path, session_id, config)
     try:
         if log.last_seq:  # a row without events is an earlier creation that failed: reuse it
@@ -464,114 +462,23 @@ async def _create_in_backend(storage_path: str | os.PathLike[str], session_id: s
     return str(log.path)  # a description (DSN, schema, session), not a filesystem path
 
 
-# -- import -----------------------------------------------------------------------------------------
-async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path: str | os.PathLike[str],
-                  source: str = "auto", system_message: str | None = None, progress: Progress | None = None,
-                  request_notes: str = "refuse", **config: Any) -> dict[str, Any]:
-    """Create the NEW session ``session_id`` in ``storage_path`` from the file ``path``: a snapshot, a CLI
-    transcript or a context-messages file.
-
-    ``source`` says what the file is: ``"auto"`` detects it (docs/snapshots.md lists the rules),
-    ``"snapshot"``, ``"transcript"`` or ``"reference"`` insist. ``progress`` (``progress(done, total)``) is
-    called as the file is read. ``system_message`` prepends a
-    system message (an Amplifier CLI transcript has none). Raises SessionExistsError if the session exists,
-    MalformedInputError (a ValueError) naming the file and line for bad or truncated input, ValueError for
-    a Markdown snapshot (one-way). Nothing is written unless the whole file is valid. Returns a summary.
-    ``config`` selects the backend (``backend``/``dsn``), as for ``PersistentContextManager.open``.
-
-    A request-view snapshot holds notes the store wrote in place of left-out messages (header ``notes``);
-    ``request_notes`` says what to do with them: ``"refuse"`` (default: ValueError, nothing imported),
-    ``"drop"`` (leave them out) or ``"keep"`` (store them as the user messages they look like).
-    """
-    validate_session_id(session_id)
-    sc.check_choice("source", source, sc.SOURCES)
-    sc.check_choice("request_notes", request_notes, sc.NOTE_CHOICES)
-    if system_message is not None and not isinstance(system_message, str):
-        raise ValueError(f"system_message must be a string, got {type(system_message).__name__}")
-    cfg = _backend_config(config)
-    p = Path(path)
-    if cfg.get("backend", "file") == "file":
-        _target(storage_path, session_id)  # fail fast, before reading a large file
-    data = await read_file(p, progress)
-    name = str(p)
-    kind = sc.detect(data, name) if source == "auto" else source
-    stamps: list[str | None] | None = None
-    pins: list[int] = []
-    header: dict[str, Any] = {}
-    provenance: dict[str, Any] = {"path": str(p.resolve()), "digest": sc.sha256(data), "bytes": len(data)}
-    if kind == "markdown":
-        raise ValueError(f"{name} is a Markdown snapshot: Markdown is one-way (for people to read) and cannot "
-                         "be imported; export the session with format 'jsonl' or 'json' to move it")
-    if kind == "snapshot":
-        header, messages = sc.parse_snapshot(data, name)
-        pins = sc.header_pins(header, len(messages), name) if header.get("view") == "full" else []
-        notes = sc.header_notes(header, messages, name)
-        if notes and request_notes == "refuse":
-            listed = ", ".join(map(str, notes[:10])) + (", …" if len(notes) > 10 else "")
-            raise ValueError(
-                f"{name} is a request view: {len(notes)} of its messages (at {listed}) are notes context-persistent "
-                "wrote in place of left-out messages, not messages of the session; imported, they would become "
-                "user messages. Export the full view to move a session, or choose what to do with the notes: "
-                "drop them (CLI --request-notes drop) or keep them as user messages (--request-notes keep)")
-        if notes and request_notes == "drop":
-            gone = set(notes)
-            messages = [m for i, m in enumerate(messages) if i not in gone]
-        provenance["snapshot"] = {k: header.get(k) for k in ("session_id", "view", "seq_range", "created_at",
-                                                             "format", "body_sha256")}
-        if notes:
-            provenance["request_notes"] = {"action": request_notes, "count": len(notes)}
-    else:
-        messages, stamps = sc.parse_message_lines(data, name)
-        if kind == "messages":
-            kind = sc.messages_kind(name, messages)
-    if system_message is not None:
-        messages = [{"role": "system", "content": system_message}, *messages]
-        stamps = [None, *stamps] if stamps is not None else None
-        pins = [i + 1 for i in pins]
-    provenance = {"source": kind, **provenance, "messages": len(messages)}
-    if cfg.get("secret_scanner") is not None:  # (docs/operations.md, "Secrets")
-        from .secret_scan import redact_messages
-
-        messages, _, secrets = redact_messages(cfg["secret_scanner"], messages,
-                                               [ev.validate_message(m, f"message {i + 1}")
-                                                for i, m in enumerate(messages)])
-        if secrets:
-            provenance["secrets"] = secrets
-    started = {"imported": provenance}
-    if kind == "snapshot" and isinstance(header.get("tokenizer"), str):
-        started["tokenizer"] = header["tokenizer"]
-    lines = session_lines(session_id, started, messages, pins, stamps)
-    log_path = await create_session(storage_path, session_id, lines, cfg)
-    await _first_checkpoint(storage_path, session_id, lines, cfg)
-    return {"session_id": session_id, "source": kind, "messages": len(messages), "pinned": len(pins),
-            "head_seq": len(lines), "path": str(log_path), "from": str(p)}
-
-
-async def _first_checkpoint(storage_path: str | os.PathLike[str], session_id: str, lines: list[bytes],
-                            config: dict[str, Any]) -> None:
+async def _first_checkpoint(store_class: type[PersistentContextManager], storage_path: str | os.PathLike[str],
+                            session_id: str, lines: list[bytes], config: dict[str, Any]) -> None:
     """Open a newly created long session once, so that its close writes the first checkpoint: its first resume
     then reads only the checkpoint's front section (docs/operations.md, "Lazy open"). A checkpoint is a cache:
-    a failure here is logged and the session stands as created."""
+    a failure here is logged and the session stands as created. ``store_class`` opens it (this module does
+    not import the manager: the manager imports it)."""
     from .checkpoint import CLOSE_MIN_BYTES
-    from .manager import PersistentContextManager
 
     if sum(map(len, lines)) < CLOSE_MIN_BYTES:
         return  # a short log replays quickly; the first close writes a checkpoint when it is worth it
     backend = {k: config[k] for k in ("backend", "dsn", "pg_schema") if config.get(k) is not None}
     try:
-        store = await PersistentContextManager.open(storage_path=storage_path, session_id=session_id, **backend)
+        store = await store_class.open(storage_path=storage_path, session_id=session_id, **backend)
         await store.close()
     except Exception as e:
         logger.warning("session %s: created, but its first checkpoint could not be written (%s); the first open "
                        "will replay the whole log", session_id, e)
-
-
-def _backend_config(config: dict[str, Any]) -> dict[str, Any]:
-    if not config:
-        return {}
-    from .manager import PersistentContextManager
-
-    return PersistentContextManager.check_config(config)
 
 
 # -- fork -------------------------------------------------------------------------------------------
@@ -587,8 +494,6 @@ async def fork(store: PersistentContextManager, new_session_id: str, *, at_seq: 
         state = store._full()
     else:
         _check_at_seq(at_seq, store.head_seq)
-        from .manager import open_log
-
         log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
         try:
             state = await replay(log, at_seq)
@@ -601,21 +506,9 @@ async def fork(store: PersistentContextManager, new_session_id: str, *, at_seq: 
     lines = session_lines(new_session_id, started, list(state.messages), pins)
     backend = store.config if store.config.get("backend", "file") != "file" else None
     log_path = await create_session(store.storage_path, new_session_id, lines, backend)
-    await _first_checkpoint(store.storage_path, new_session_id, lines, backend or {})
+    await _first_checkpoint(type(store), store.storage_path, new_session_id, lines, backend or {})
     return {"session_id": new_session_id, "parent": store.session_id, "seq": seq,
             "messages": len(state.messages), "pinned": len(pins), "head_seq": len(lines), "path": str(log_path)}
 
 
-async def export_session(storage_path: str | os.PathLike[str], session_id: str, path: str | os.PathLike[str],
-                         **kwargs: Any) -> dict[str, Any]:
-    """``export`` of a session opened read-only (no lock: works while an agent is writing it)."""
-    from .manager import PersistentContextManager
-
-    backend = {k: kwargs.pop(k) for k in ("backend", "dsn", "pg_schema") if k in kwargs}
-    async with await PersistentContextManager.open(storage_path=storage_path, session_id=session_id,
-                                                   readonly=True, **backend) as store:
-        return await export(store, path, **kwargs)
-
-
-__all__ = ["create_session", "export", "export_session", "fork", "import_", "open_at", "replay",
-           "view_messages", "write_atomic"]
+__all__ = ["create_session", "export", "fork", "open_at", "replay", "view_messages", "write_atomic"]

@@ -96,7 +96,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 # -- import -----------------------------------------------------------------------------------------
 async def _import(args: argparse.Namespace) -> int:
-    from ..snapshot import import_
+    from ..transfer import import_
 
     system = args.system
     if system is not None and system.startswith("@"):

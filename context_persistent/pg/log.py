@@ -16,18 +16,13 @@ new head, inserts the records and notifies followers; if ``last_seq`` moved, not
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
-import os
 import re
-import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-from . import codec
-from .errors import (
+from .. import codec
+from ..errors import (
     ConcurrencyError,
     DatabaseError,
     ReadOnlyError,
@@ -35,317 +30,18 @@ from .errors import (
     SessionLockedError,
     SessionNotFoundError,
     StoreClosedError,
-    UnsupportedFormatError,
 )
-from .paths import validate_session_id
+from ..paths import validate_session_id
+from .connection import _lost_errors, channel_of, connect, lock_key, require_asyncpg, translated
+from .dsn import redact_dsn, resolve_dsn, resolve_schema
+from .schema import _check_version, _schema_version, ensure_schema
 
-#: Layout version written to ``<schema>.schema_version``; a program refuses a database with a newer one.
-SCHEMA_VERSION = 1
-DEFAULT_SCHEMA = "context_persistent"
-ENV_DSN = "CONTEXT_PERSISTENT_DSN"
-ENV_SCHEMA = "CONTEXT_PERSISTENT_PG_SCHEMA"
-INSTALL_HINT = "pip install asyncpg (the 'postgres' extra of context-persistent; README, \"Install\")"
-
-#: Server-side TCP keepalive for the writer's connection: a writer whose machine vanishes (no FIN/RST) is
-#: noticed by the server after about idle + count × interval = 25 s, which frees its advisory lock.
-WRITER_KEEPALIVE = {
-    "tcp_keepalives_idle": "10",
-    "tcp_keepalives_interval": "5",
-    "tcp_keepalives_count": "3",
-    "tcp_user_timeout": "25000",
-}
 #: Seconds an append or a read may take before it is abandoned (and, for an append, reconciled).
 DEFAULT_TIMEOUT = 30.0
 #: Seconds spent reconnecting after a lost connection before giving up.
 RECONNECT_WINDOW = 5.0
 
 logger = logging.getLogger("context_persistent.pg")
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def require_asyncpg() -> Any:
-    """The asyncpg module, or DatabaseError with the install hint."""
-    try:
-        import asyncpg  # type: ignore[import-untyped]
-    except ImportError:
-        raise DatabaseError(f"the postgres backend needs asyncpg, which is not installed: {INSTALL_HINT}") from None
-    return asyncpg
-
-
-def resolve_dsn(dsn: str | None) -> str:
-    """``dsn`` if given, else ``$CONTEXT_PERSISTENT_DSN``; ValueError when neither is set."""
-    value = dsn or os.environ.get(ENV_DSN)
-    if not value:
-        raise ValueError(f"the postgres backend needs a dsn (config 'dsn', --dsn, or ${ENV_DSN}), "
-                         "e.g. postgresql://user@host:5432/dbname")
-    if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
-        shown = redact_dsn(value) if isinstance(value, str) else value
-        raise ValueError(f"dsn must be a postgresql:// or postgres:// URL, got {shown!r}")
-    return value
-
-
-def resolve_schema(schema: str | None) -> str:
-    """``schema`` if given, else ``$CONTEXT_PERSISTENT_PG_SCHEMA``, else ``context_persistent``; validated."""
-    value = schema or os.environ.get(ENV_SCHEMA) or DEFAULT_SCHEMA
-    if not isinstance(value, str) or not _SCHEMA_RE.match(value):
-        raise ValueError(f"pg_schema must be a lower-case SQL identifier (letters, digits, _; at most 63), "
-                         f"got {value!r}")
-    return value
-
-
-#: Query parameters of a DSN that hold secrets (libpq's names): masked wherever a DSN is shown.
-_SECRET_PARAMS = frozenset({"password", "sslpassword"})
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its passwords (the userinfo part and ``?password=``/``?sslpassword=``), for messages."""
-    try:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if parts.password is not None:
-            userinfo, host = netloc.rsplit("@", 1)
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-        query = parts.query
-        if query:
-            pairs = [p.split("=", 1) for p in query.split("&")]
-            query = "&".join(f"{p[0]}=***" if len(p) == 2 and unquote(p[0]).lower() in _SECRET_PARAMS
-                             else "=".join(p) for p in pairs)
-        out = f"{parts.scheme}://{netloc}{parts.path}"  # (not urlunsplit: it drops the // of an empty host)
-        return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
-    except ValueError:  # not a URL we can take apart (a bad port, brackets): show no userinfo or query at all
-        return re.sub(r"\?.*$", "?***", re.sub(r"//[^/@]*@", "//***@", dsn))
-
-
-def _secrets(dsn: str) -> list[str]:
-    """The password strings in a DSN (as written and decoded), longest first, to scrub from foreign text."""
-    found: set[str] = set()
-    with contextlib.suppress(ValueError):
-        parts = urlsplit(dsn)
-        if parts.password:
-            found.update((parts.password, unquote(parts.password)))
-        for k, v in parse_qsl(parts.query, keep_blank_values=True):
-            if k.lower() in _SECRET_PARAMS and v:
-                found.add(v)
-        for p in parts.query.split("&"):
-            k, _, v = p.partition("=")
-            if unquote(k).lower() in _SECRET_PARAMS and v:
-                found.add(v)
-    return sorted(found, key=len, reverse=True)
-
-
-def scrub(text: str, dsn: str) -> str:
-    """``text`` (an error from the driver) with the DSN's passwords masked."""
-    for secret in _secrets(dsn):
-        text = text.replace(secret, "***")
-    return text
-
-
-def _endpoint(dsn: str) -> str:
-    """``host:port`` a DSN points at, for messages (libpq's defaults: a local socket, port 5432)."""
-    try:
-        parts = urlsplit(dsn)
-        query = dict(parse_qsl(parts.query))
-        host = parts.hostname or query.get("host") or "localhost"
-        port = parts.port or query.get("port") or 5432
-    except ValueError:
-        return "(unparsable host)"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _digest(schema: str, session_id: str, size: int) -> bytes:
-    return hashlib.blake2b(f"{schema}\0{session_id}".encode(), digest_size=size, person=b"ctx-persist").digest()
-
-
-def lock_key(schema: str, session_id: str) -> int:
-    """The 64-bit advisory-lock key of a session (a hash of schema and id; collisions are 2^-64 unlikely)."""
-    return int.from_bytes(_digest(schema, session_id, 8), "big", signed=True)
-
-
-def channel_of(schema: str, session_id: str) -> str:
-    """The LISTEN/NOTIFY channel of a session (a hash: ids may be longer than a channel name)."""
-    return "cp_" + _digest(schema, session_id, 12).hex()
-
-
-def application_name() -> str:
-    """What ``pg_stat_activity.application_name`` shows for our connections: who holds a session."""
-    return f"context-persistent pid={os.getpid()} host={socket.gethostname()}"[:63]
-
-
-def _lost_errors(apg: Any) -> tuple[type[BaseException], ...]:
-    """Exceptions after which a statement's outcome is unknown (the connection failed or timed out)."""
-    return (OSError, asyncio.TimeoutError, apg.InterfaceError, apg.InternalClientError,
-            apg.PostgresConnectionError, apg.exceptions.OperatorInterventionError)
-
-
-@contextlib.contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Turn asyncpg and socket errors into DatabaseError (``what`` says what was being done)."""
-    apg = require_asyncpg()
-    try:
-        yield
-    except (OSError, asyncio.TimeoutError, apg.PostgresError, apg.InterfaceError, apg.InternalClientError) as e:
-        raise DatabaseError(f"{what}: {type(e).__name__}: {e}", stored=None) from e
-
-
-async def connect(dsn: str, *, writer: bool = False, timeout: float = 10.0) -> Any:
-    """A new connection (writer connections get the keepalive settings); DatabaseError when unreachable."""
-    apg = require_asyncpg()
-    settings = {"application_name": application_name()}
-    if writer:
-        settings.update(WRITER_KEEPALIVE)
-    try:
-        return await apg.connect(dsn, timeout=timeout, server_settings=settings)
-    except (OSError, asyncio.TimeoutError, apg.PostgresError, apg.InterfaceError) as e:
-        if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
-            why = (f"timed out after {timeout:g} s: the server at {_endpoint(dsn)} did not complete the "
-                   "connection (is the host reachable and the port right?)")
-        else:
-            why = f"{type(e).__name__}: {scrub(str(e), dsn)}" if str(e) else type(e).__name__
-        raise DatabaseError(f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({_endpoint(dsn)}): {why}") from None
-
-
-# -- schema -----------------------------------------------------------------------------------------
-def _ddl(s: str) -> str:
-    return f"""
-CREATE SCHEMA IF NOT EXISTS {s};
-CREATE TABLE IF NOT EXISTS {s}.schema_version (
-    id boolean PRIMARY KEY DEFAULT true CHECK (id),
-    version integer NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS {s}.sessions (
-    session_id text PRIMARY KEY,
-    lock_key bigint NOT NULL,
-    last_seq bigint NOT NULL DEFAULT 0 CHECK (last_seq >= 0),
-    created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS {s}.events (
-    session_id text NOT NULL REFERENCES {s}.sessions (session_id) ON DELETE CASCADE,
-    seq bigint NOT NULL CHECK (seq > 0),
-    record bytea NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE TABLE IF NOT EXISTS {s}.checkpoints (
-    session_id text PRIMARY KEY REFERENCES {s}.sessions (session_id) ON DELETE CASCADE,
-    seq bigint NOT NULL,
-    payload bytea NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-"""
-
-
-async def _schema_version(conn: Any, schema: str) -> int | None:
-    """The stored layout version, or None when the schema has not been created."""
-    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{schema}.schema_version")
-    if not exists:
-        return None
-    return await conn.fetchval(f"SELECT version FROM {schema}.schema_version")
-
-
-def _check_version(version: int | None, schema: str) -> None:
-    if version is not None and version > SCHEMA_VERSION:
-        raise UnsupportedFormatError(
-            f"PostgreSQL schema {schema!r} has layout version {version}, newer than this program's "
-            f"{SCHEMA_VERSION}: upgrade context-persistent to use this database"
-        )
-
-
-async def ensure_schema(conn: Any, schema: str) -> int:
-    """Create the tables if missing (concurrent callers serialise on a transaction lock); return the version."""
-    version = await _schema_version(conn, schema)
-    _check_version(version, schema)
-    if version == SCHEMA_VERSION:
-        return version
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, "\0schema"))
-        version = await _schema_version(conn, schema)
-        _check_version(version, schema)
-        if version is None:
-            # IF NOT EXISTS / ON CONFLICT: a concurrent creator's catalog change may not be visible yet.
-            await conn.execute(_ddl(schema))
-            await conn.execute(f"INSERT INTO {schema}.schema_version (version) VALUES ($1) ON CONFLICT (id) DO NOTHING",
-                               SCHEMA_VERSION)
-            version = await conn.fetchval(f"SELECT version FROM {schema}.schema_version")
-            _check_version(version, schema)
-    return version
-
-
-async def init_schema(dsn: str | None = None, schema: str | None = None) -> dict[str, Any]:
-    """``context-persistent db init``: create the schema if missing; report what is there."""
-    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
-    conn = await connect(dsn)
-    try:
-        with translated(f"creating schema {schema!r} at {redact_dsn(dsn)}"):
-            before = await _schema_version(conn, schema)
-            version = await ensure_schema(conn, schema)
-    finally:
-        await conn.close()
-    return {"dsn": redact_dsn(dsn), "schema": schema, "version": version, "created": before is None}
-
-
-async def status(dsn: str | None = None, schema: str | None = None) -> dict[str, Any]:
-    """``context-persistent db status``: server, layout version, sessions, events, writers holding locks."""
-    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
-    conn = await connect(dsn)
-    try:
-        with translated(f"reading the status of schema {schema!r} at {redact_dsn(dsn)}"):
-            return await _status(conn, dsn, schema)
-    finally:
-        await conn.close()
-
-
-async def _status(conn: Any, dsn: str, schema: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"dsn": redact_dsn(dsn), "schema": schema,
-                           "server_version": await conn.fetchval("SHOW server_version"),
-                           "version": await _schema_version(conn, schema), "program_version": SCHEMA_VERSION}
-    if out["version"] is None:
-        return {**out, "sessions": 0, "events": 0, "checkpoints": 0, "writers": []}
-    _check_version(out["version"], schema)
-    out["sessions"] = await conn.fetchval(f"SELECT count(*) FROM {schema}.sessions")
-    out["events"] = await conn.fetchval(f"SELECT count(*) FROM {schema}.events")
-    out["checkpoints"] = await conn.fetchval(f"SELECT count(*) FROM {schema}.checkpoints")
-    rows = await conn.fetch(
-        f"""SELECT s.session_id, s.last_seq, a.pid, a.application_name, host(a.client_addr) AS client_addr
-            FROM {schema}.sessions s
-            JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND l.classid = ((s.lock_key >> 32) & 4294967295)::bigint::oid
-                 AND l.objid = (s.lock_key & 4294967295)::bigint::oid
-            LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-            ORDER BY s.session_id""")
-    out["writers"] = [dict(r) for r in rows]
-    return out
-
-
-async def list_sessions(dsn: str | None = None, schema: str | None = None) -> list[dict[str, Any]]:
-    """Every session in the schema: id, last_seq, created_at, updated_at (empty when there is no schema)."""
-    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
-    conn = await connect(dsn)
-    try:
-        with translated(f"listing the sessions of schema {schema!r} at {redact_dsn(dsn)}"):
-            version = await _schema_version(conn, schema)
-            _check_version(version, schema)
-            if version is None:
-                return []
-            rows = await conn.fetch(f"SELECT session_id, last_seq, created_at, updated_at FROM {schema}.sessions "
-                                    "ORDER BY session_id")
-        return [dict(r) for r in rows]
-    finally:
-        await conn.close()
-
-
-async def session_bytes(dsn: str | None, schema: str | None, session_id: str) -> int:
-    """The bytes of a session's records in the events table (what its log would be as a file)."""
-    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
-    conn = await connect(dsn)
-    try:
-        with translated(f"measuring session {session_id!r} in schema {schema!r} at {redact_dsn(dsn)}"):
-            value = await conn.fetchval(f"SELECT coalesce(sum(octet_length(record) + 1), 0) FROM {schema}.events "
-                                        "WHERE session_id = $1", session_id)
-        return int(value)
-    finally:
-        await conn.close()
 
 
 async def _lock_holder(conn: Any, key: int) -> dict[str, Any] | None:
@@ -822,7 +518,3 @@ class PostgresCheckpointStore:
             await self._run("execute", "DELETE FROM {s}.checkpoints WHERE session_id = $1")
         except Exception as e:
             logger.info("%s: could not remove an unusable checkpoint (%s)", self._log.path, e)
-
-
-__all__ = ["DEFAULT_SCHEMA", "ENV_DSN", "ENV_SCHEMA", "PostgresCheckpointStore", "PostgresEventLog", "SCHEMA_VERSION", "channel_of",
-           "connect", "ensure_schema", "init_schema", "list_sessions", "lock_key", "status"]

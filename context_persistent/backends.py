@@ -1,0 +1,35 @@
+"""Choosing a session's event log by the configured backend: the file log, or PostgreSQL (docs/postgres.md).
+
+Imported by the manager (which re-exports ``open_log`` and ``BACKENDS``) and by ``snapshot``, which needs a log
+but not the manager.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .eventlog import EventLog
+from .log import FileEventLog
+from .paths import session_dir
+
+
+#: Storage backends (docs/postgres.md): ``dsn`` falls back to $CONTEXT_PERSISTENT_DSN, ``pg_schema`` to
+#: $CONTEXT_PERSISTENT_PG_SCHEMA, then ``context_persistent``.
+BACKENDS = ("file", "postgres")
+
+
+async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: dict[str, Any], *,
+                   readonly: bool = False, create: bool = True) -> EventLog:
+    """The event log of ``cfg["backend"]`` for a session (the one place the backend is chosen)."""
+    if cfg.get("backend", "file") == "postgres":
+        from .pg import PostgresEventLog
+
+        return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
+                                           readonly=readonly, create=create)
+    return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
+                        fsync=cfg.get("fsync", "always"), create=create,
+                        reserve_tail=cfg.get("reserve_tail", False))
+
+
+__all__ = ["BACKENDS", "open_log"]
