@@ -198,7 +198,7 @@ class PersistentContextManager:
         self._deferred: list[tuple[str, Any, bytes]] = []
         #: (budget, warning with its numbers blanked) already logged: a view warning is said once, not per request.
         self._warned: set[tuple[int, str]] = set()
-        #: Checkpoints (checkpoint.py): resume from one at open, write one every checkpoint_every events.
+        #: Checkpoints (checkpoint/policy.py): resume from one at open, write one every checkpoint_every events.
         from .checkpoint import Checkpointer, checkpoint_store_for
 
         self._checkpoints = Checkpointer(checkpoint_store_for(log), session_id, config["checkpoint_every"],

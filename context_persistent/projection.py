@@ -489,7 +489,7 @@ class Projection:
 
         A copy of a list of a million messages takes milliseconds; the messages themselves are shared,
         which is safe because a stored message is never changed in place (every event that changes the
-        history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint.py).
+        history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint/payload.py).
         """
         state = self.to_state()
         for key in ("messages", "keys", "tokens"):

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent import checkpoint as cpmod
+from context_persistent.checkpoint import policy as cpmod
 from context_persistent.checkpoint import CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
 from context_persistent.errors import LogCorruptedError
 from context_persistent.log import scan

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent import checkpoint as cpmod
+from context_persistent.checkpoint import payload as cpmod
 from context_persistent.checkpoint import CheckpointError, decode, encode, snapshot
 from context_persistent.log import scan
 from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME

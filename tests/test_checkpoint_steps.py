@@ -1,6 +1,6 @@
 """Checkpoints written in steps: Projection.capture() is a snapshot, dump_in_steps() gives the same state as
 snapshot(), a write overlapping appends/pins/redactions/replacements/clears stays a valid checkpoint of its seq,
-and the incremental system index and the bisection over pinned keys agree with a full scan (checkpoint.py)."""
+and the incremental system index and the bisection over pinned keys agree with a full scan (checkpoint/front.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent import checkpoint as cpmod
 from context_persistent import events as ev
+from context_persistent.checkpoint import front as cpfront
+from context_persistent.checkpoint import payload as cppayload
+from context_persistent.checkpoint import policy as cppolicy
 from context_persistent.checkpoint import (FRONT_EXTRA_TURNS, FRONT_MAX_SPAN, SystemIndex, decode, dump_in_steps,
                                            encode, front_of, snapshot)
 from context_persistent.grouping import is_system
@@ -244,9 +246,9 @@ async def test_a_checkpoint_overlapping_writes_is_valid(storage: Path, monkeypat
     """A periodic checkpoint is serialised two list items per loop turn; meanwhile messages are added, pinned,
     redacted, the history replaced and cleared. The checkpoint written holds the state at its own seq (verify
     compares it with the log folded up to that seq), and resuming from it equals a full replay."""
-    monkeypatch.setattr(cpmod, "DUMP_STEP", 2)
+    monkeypatch.setattr(cppayload, "DUMP_STEP", 2)
     phase: list[str] = []
-    real_dump = cpmod.dump_in_steps
+    real_dump = cppolicy.dump_in_steps
 
     async def spy(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
         phase.append("dumping")
@@ -255,7 +257,7 @@ async def test_a_checkpoint_overlapping_writes_is_valid(storage: Path, monkeypat
         finally:
             phase.append("dumped")
 
-    monkeypatch.setattr(cpmod, "dump_in_steps", spy)
+    monkeypatch.setattr(cppolicy, "dump_in_steps", spy)
 
     store = await PersistentContextManager.open(storage_path=storage, session_id=S, checkpoint_every=EVERY,
                                                 **CONFIG)
@@ -378,7 +380,7 @@ def test_the_system_index_scans_only_what_was_appended(monkeypatch: pytest.Monke
         calls.append(1)
         return is_system(message)
 
-    monkeypatch.setattr(cpmod, "is_system", counting)
+    monkeypatch.setattr(cpfront, "is_system", counting)
     b = Builder().start()
     for i in range(200):
         b.add({"role": ("system", "user", "assistant", "developer")[i % 7 % 4], "content": str(i)})
@@ -433,8 +435,8 @@ def recent_start(state: Projection, recent_tokens: int) -> int:
     while r > 0 and acc < recent_tokens:
         r -= 1
         t = tokens[r]
-        acc += t if t is not None else cpmod._low_estimate(messages[r])
-    return cpmod._turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
+        acc += t if t is not None else cpfront._low_estimate(messages[r])
+    return cpfront._turns_back(messages, r, FRONT_EXTRA_TURNS + 1, max(0, r - FRONT_MAX_SPAN))
 
 
 def reference_idx(state: Projection, keep_head: int, recent_tokens: int) -> list[int]:
@@ -446,8 +448,8 @@ def reference_idx(state: Projection, keep_head: int, recent_tokens: int) -> list
     n, r = len(messages), recent_start(state, recent_tokens)
     for p, k in enumerate(keys):
         if k in state.pinned and p < r:
-            lo = cpmod._turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
-            hi = min(cpmod._turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN)) + 1, n)
+            lo = cpfront._turns_back(messages, p, FRONT_EXTRA_TURNS + 1, max(0, p - FRONT_MAX_SPAN))
+            hi = min(cpfront._turns_ahead(messages, p, FRONT_EXTRA_TURNS, min(n, p + FRONT_MAX_SPAN)) + 1, n)
             keep.update(range(lo, hi))
     return sorted(keep)
 
@@ -528,10 +530,10 @@ def test_front_of_with_no_recent_budget_keeps_only_the_head_and_pins() -> None:
     """recent_tokens=0 used to read one past the end (IndexError); now the newest span is simply empty."""
     state = rich_state(50)
     state.pinned = set()
-    front = cpmod.front_of(state, keep_head=1, recent_tokens=0)
+    front = cpfront.front_of(state, keep_head=1, recent_tokens=0)
     assert front["n"] == 50
     assert max(front["idx"]) < 49  # nothing kept for recency: the last message is not in the front
     assert set(front["system"]) <= set(front["idx"])
     pinned = state.keys[40]
     state.pinned = {pinned}
-    assert 40 in cpmod.front_of(state, keep_head=1, recent_tokens=0)["idx"]  # a pin is kept all the same
+    assert 40 in cpfront.front_of(state, keep_head=1, recent_tokens=0)["idx"]  # a pin is kept all the same

@@ -1,5 +1,5 @@
 """Lazy open: a store opened from a checkpoint's front section serves the request view without loading the
-whole history, and behaves exactly like a store that loaded everything (checkpoint.py, projection.LazyList)."""
+whole history, and behaves exactly like a store that loaded everything (checkpoint/, projection.LazyList)."""
 
 from __future__ import annotations
 

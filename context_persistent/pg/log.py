@@ -102,7 +102,7 @@ class PostgresEventLog:
         self._broken: BaseException | None = None  # set when the writer can no longer append
         self._followers: set[Any] = set()
         self._backend: int | None = None  # server pid of the connection holding our lock
-        #: Where the manager's checkpoints go for this backend (checkpoint.py looks for this attribute).
+        #: Where the manager's checkpoints go for this backend (checkpoint/store.py looks for this attribute).
         self.checkpoint_store = PostgresCheckpointStore(self)
 
     @classmethod

@@ -1,0 +1,207 @@
+"""Where a checkpoint is stored (I/O): the :class:`CheckpointStore` protocol, the file store beside a file log,
+and the reads of a payload's sections from an open file."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+from ..paths import CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
+from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head
+
+
+def read_front(f: Any) -> tuple[Checkpoint, int, int]:
+    """Read and verify the header and front section from a binary file at offset 0.
+
+    Returns the checkpoint (``state`` None), the offset of the state section and its length.
+    """
+    line = f.readline(1 << 20)
+    if not line.endswith(b"\n"):
+        raise CheckpointError(f"truncated ({len(line)} bytes, no header line)")
+    head = _head(line[:-1])
+    rest = f.read(head["front_bytes"] + 1 + _TRAILER)
+    _check_crc(line + rest, "header/front")
+    try:
+        front = orjson.loads(memoryview(rest)[: head["front_bytes"]])
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed front section: {e}") from None
+    offset, length = len(line) + len(rest), head["state_bytes"]
+    size = os.fstat(f.fileno()).st_size
+    if size != offset + length + 1 + _TRAILER:  # a truncated or extended state section, found without reading it
+        raise CheckpointError(f"payload is {size} bytes, its header says {offset + length + 1 + _TRAILER}: "
+                              "truncated or corrupt")
+    return _checkpoint(head, front, None), offset, length
+
+
+def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
+    """Read, verify and parse the state section (``offset``/``length`` from :func:`read_front`)."""
+    data = os.pread(f.fileno(), length + 1 + _TRAILER, offset)
+    if len(data) != length + 1 + _TRAILER:
+        raise CheckpointError(f"truncated state section ({len(data)} of {length + 1 + _TRAILER} bytes)")
+    _check_crc(data, "state")
+    try:
+        state = orjson.loads(memoryview(data)[:length])
+    except orjson.JSONDecodeError as e:
+        raise CheckpointError(f"malformed state section: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError("malformed state section: not an object")
+    return state
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Where a session's single checkpoint payload lives. Errors may be raised; callers log and go on."""
+
+    async def load(self) -> bytes | None:
+        """The stored payload, or None if there is none."""
+        ...
+
+    async def save(self, payload: bytes, seq: int) -> None:
+        """Replace the stored payload atomically (a reader sees the old one or the new one, whole)."""
+        ...
+
+    async def discard(self) -> None:
+        """Remove the stored payload (no error if there is none)."""
+        ...
+
+
+class FileCheckpointStore:
+    """``<session>/checkpoint.json``: written to a temp file (0600), fsynced, renamed, folder fsynced."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / CHECKPOINT_NAME
+        self.tmp = directory / (CHECKPOINT_NAME + ".tmp")
+
+    async def load(self) -> bytes | None:
+        return self.read_sync()
+
+    def read_sync(self) -> bytes | None:
+        """The stored payload, or None if there is none (CheckpointError: not a regular file)."""
+        f = self._open()
+        if f is None:
+            return None
+        with f:
+            return f.read()  # type: ignore[no-any-return]
+
+    def _open(self) -> Any:
+        """The checkpoint file opened for reading, or None: never through a symlink, and only a regular file
+        (a FIFO or a device in its place would block or never end; CheckpointError, so it is ignored)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through "
+                                      "one") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointError(f"{self.path} is not a regular file")
+        return os.fdopen(fd, "rb")
+
+    async def save(self, payload: bytes, seq: int) -> None:
+        await asyncio.to_thread(self.save_sync, payload)
+
+    def save_sync(self, payload: bytes) -> None:
+        self._save(lambda fd: write_all(fd, payload))
+
+    def save_copying(self, prefix: bytes, src: int, offset: int, count: int) -> int:
+        """:meth:`save_sync` of ``prefix`` followed by ``count`` bytes of the open file ``src`` from ``offset``,
+        copied by the kernel where it can (``copy_file_range``); closes ``src``. Returns the payload's size."""
+
+        def write(fd: int) -> None:
+            write_all(fd, prefix)
+            done = 0
+            while done < count:
+                try:
+                    n = os.copy_file_range(src, fd, count - done, offset + done)
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    n = -1
+                if n < 0:  # (a file system or kernel without it: copy through memory, 1 MiB at a time)
+                    chunk = os.pread(src, min(count - done, 1 << 20), offset + done)
+                    write_all(fd, chunk)
+                    n = len(chunk)
+                if n == 0:
+                    raise CheckpointError(f"the checkpoint copied from ended {count - done} bytes early")
+                done += n
+
+        try:
+            self._save(write)
+        finally:
+            os.close(src)
+        return len(prefix) + count
+
+    def _save(self, write: Callable[[int], None]) -> None:
+        # A fixed temp name is safe: only the lock holder writes checkpoints. A leftover (or a link planted in
+        # its place) is removed, never written through: the file is created anew, without following symlinks.
+        try:
+            fd = create_private_file(self.tmp.parent, self.tmp.name)
+            try:
+                write(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.path.parent)
+
+    def open_front(self) -> tuple[Checkpoint, Any, int, int] | None:
+        """Read and verify only the header and front section: ``(checkpoint, open file, state offset, state
+        length)``, or None if there is no checkpoint. The caller owns the file (it reads the state from it)."""
+        f = self._open()
+        if f is None:
+            return None
+        try:
+            cp, offset, length = read_front(f)
+            return cp, f, offset, length
+        except BaseException:
+            f.close()
+            raise
+
+    async def discard(self) -> None:
+        self.discard_sync()
+
+    def discard_sync(self) -> None:
+        existed = self.path.exists()
+        self.path.unlink(missing_ok=True)
+        self.tmp.unlink(missing_ok=True)
+        if existed:
+            fsync_dir(self.path.parent)
+
+
+def checkpoint_store_for(log: Any) -> CheckpointStore | None:
+    """The checkpoint store of a log backend: its ``checkpoint_store`` attribute, a file beside a file log."""
+    store = getattr(log, "checkpoint_store", None)
+    if store is not None:
+        return store  # type: ignore[no-any-return]
+    directory = getattr(log, "directory", None)
+    if isinstance(directory, Path):
+        return FileCheckpointStore(directory)
+    return None
+
+
+async def first_record_crc(log: Any) -> str | None:
+    """The checksum of the log's first record (its identity), reading only that record."""
+    batches = log.read_batches(0, None, batch=1)
+    try:
+        async for batch in batches:
+            if batch:
+                return batch[0].get("crc")  # type: ignore[no-any-return]
+    finally:
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return None
+
