@@ -422,7 +422,8 @@ class PersistentContextManager:
         return lines
 
     async def _commit_with_deferred(self, events: list[tuple[str, Any, bytes]]) -> None:
-        """Append the deferred audit records and ``events`` in one write (inline appends only).
+        """Append the deferred audit records and ``events`` in one write (inline appends, or a store whose group
+        commit has drained, as at close).
 
         If the write fails, nothing was applied and the audit records stay deferred for the next append.
         """
@@ -1353,7 +1354,7 @@ class PersistentContextManager:
             await asyncio.shield(self._flush_task)
         if self._deferred and not self._readonly:
             try:  # the audit records of the last request views (close syncs the log)
-                await self._commit_deferred_at_close()
+                await self._commit_with_deferred([])  # (no group commit is pending by now)
             except Exception as e:
                 logger.warning("session %s: could not record %d compaction audit event(s): %s", self.session_id,
                                len(self._deferred), e)
@@ -1362,21 +1363,6 @@ class PersistentContextManager:
             await self._checkpoints.close(self._state, self._log, self._tokenizer_name)
         finally:
             await self._log.close()
-
-    async def _commit_deferred_at_close(self) -> None:
-        if self._inline_appends:
-            await self._commit_with_deferred([])
-            return
-        deferred, self._deferred = self._deferred, []
-        first = self._state.head_seq + 1
-        ts = codec.now_iso()
-        try:
-            await self._log.append(self._encode_run(first, [(t, dj) for t, _, dj in deferred], ts), first)
-        except BaseException:
-            self._deferred = deferred
-            raise
-        for seq, (t, d, _) in enumerate(deferred, first):
-            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
 
     async def __aenter__(self) -> "PersistentContextManager":
         return self
