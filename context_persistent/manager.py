@@ -7,7 +7,7 @@ import gc
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,8 @@ from .eventlog import EventLog
 from .log import FSYNC_MODES, FileEventLog
 from .paths import validate_session_id
 from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
-from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
+from .pages import CACHE_BYTES, MessageReader
+from .projection import MAX_BATCH, LazyList, PagedList, Projection, make_key, raw_items, split_key
 from .tokens import DEFAULT_ENCODING, PIECE, TokenCounter, message_text, resolve_tokenizer
 from .views import conversation_view, reasoning_view
 
@@ -61,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "dsn": None,
     "pg_schema": None,
     "secret_scanner": None,
+    "page_cache_bytes": CACHE_BYTES,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -98,6 +100,13 @@ def _copy(value: Any) -> Any:
     if t in _ATOMIC:
         return value
     return orjson.loads(orjson.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does
+
+
+def _copy_all(messages: Any) -> list[Any]:
+    """``_copy`` of a history, which may be paged (its messages are read one at a time)."""
+    if type(messages) is list:
+        return _copy(messages)  # type: ignore[no-any-return]
+    return [_copy(m) for m in messages]
 
 
 def _is_prompt(message: dict[str, Any]) -> bool:
@@ -154,7 +163,10 @@ class PersistentContextManager:
         self._log = log
         #: The ``prev`` of the session's first record (codec.root_crc); later records name their predecessor.
         self._root = codec.root_crc(session_id)
-        self._state = Projection()
+        #: A file log's history keeps refs to its records, not the messages: they are read back through this
+        #: (a bounded cache, then the log; pages.py, docs/architecture.md "Bounded memory").
+        self._pager = MessageReader(log.path, config["page_cache_bytes"]) if isinstance(log, FileEventLog) else None
+        self._state = Projection(self._pager)
         self._counter = TokenCounter(config["tokenizer"])
         self._fsync = config["fsync"]
         #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
@@ -187,6 +199,9 @@ class PersistentContextManager:
         self._epoch = 0
         #: (epoch, n, token list): the first n counts of that list were complete at that epoch.
         self._count_hint: tuple[int, int, Any] = (-1, 0, None)
+        #: (epoch, n, token list, total): the first n counts of that list were complete at that epoch and sum to
+        #: total (the whole history's count without reading it: stats(), checkpoints).
+        self._total_hint: tuple[int, int, Any, int] | None = None
         #: (token list, n): messages below n of that list were looked at by _count_large_off_loop.
         self._large_seen: tuple[Any, int] = (None, 0)
         self._large_busy: asyncio.Future[None] | None = None
@@ -204,6 +219,8 @@ class PersistentContextManager:
         self._checkpoints = Checkpointer(checkpoint_store_for(log), session_id, config["checkpoint_every"],
                                          writable=not log.readonly)
         self._checkpoints.front_hints = self._front_hints
+        self._checkpoints.pager = self._pager
+        self._checkpoints.token_total = self._known_total
         #: The largest request budget seen: a checkpoint's front section keeps the newest messages up to twice
         #: this (and max_tokens), so the first request after the next open reads nothing else.
         self._max_budget = 0
@@ -255,6 +272,7 @@ class PersistentContextManager:
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
+        _positive_int(cfg, "page_cache_bytes", 0)
         for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
@@ -300,6 +318,9 @@ class PersistentContextManager:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        total = self._checkpoints.loaded_total
+        if total is not None:  # (every message had a count at the checkpoint: stats() need not read them)
+            self._total_hint = (self._epoch, total[0], self._state.tokens, total[1])
         await self._after_load()
 
     def _tokenizer_name(self) -> str:
@@ -403,8 +424,10 @@ class PersistentContextManager:
                 await self._commit_with_deferred([(type_, data, data_json)])
                 return self._state.head_seq  # (the event is the last of that write)
             log = self._log
-            await log.append((codec.encode(seq, type_, data_json, ts, log.last_crc or self._root),), seq)
-            self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data})
+            line = codec.encode(seq, type_, data_json, ts, log.last_crc or self._root)
+            start = log.size if self._pager is not None else None  # type: ignore[attr-defined]
+            await log.append((line,), seq)
+            self._state.apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
             if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                 self._epoch += 1
             self._after_append()
@@ -431,13 +454,17 @@ class PersistentContextManager:
         batch = deferred + events
         first = self._state.head_seq + 1
         ts = codec.now_iso()
+        lines = self._encode_run(first, [(t, dj) for t, _, dj in batch], ts)
+        start = self._log.size if self._pager is not None else None  # type: ignore[attr-defined]
         try:
-            await self._log.append(self._encode_run(first, [(t, dj) for t, _, dj in batch], ts), first)
+            await self._log.append(lines, first)
         except BaseException:
             self._deferred = deferred + self._deferred
             raise
-        for seq, (t, d, _) in enumerate(batch, first):
-            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d})
+        for seq, (t, d, _), line in zip(range(first, first + len(batch)), batch, lines):
+            self._state.apply({"seq": seq, "ts": ts, "type": t, "data": d}, start, len(line))
+            if start is not None:
+                start += len(line)
             if t != ev.MESSAGE_ADDED and t not in ev.AUDIT_EVENTS:
                 self._epoch += 1
         self._after_append()
@@ -472,6 +499,7 @@ class PersistentContextManager:
                 state = self._state
                 first = state.head_seq + 1
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
+                start = self._log.size if self._pager is not None else None  # type: ignore[attr-defined]
                 try:
                     lines = self._encode_run(first, [(type_, data_json) for type_, _, data_json, _ in batch], ts)
                     await self._log.append(lines, first)
@@ -482,8 +510,10 @@ class PersistentContextManager:
                             fut.set_exception(e)
                     continue
                 apply = state.apply
-                for seq, (type_, data, _, fut) in enumerate(batch, first):
-                    apply({"seq": seq, "ts": ts, "type": type_, "data": data})
+                for seq, (type_, data, _, fut), line in zip(range(first, first + len(batch)), batch, lines):
+                    apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
+                    if start is not None:
+                        start += len(line)
                     if type_ != ev.MESSAGE_ADDED and type_ not in ev.AUDIT_EVENTS:
                         self._epoch += 1
                     if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)
@@ -880,10 +910,13 @@ class PersistentContextManager:
             checkpoints._lazy_file = None
         checkpoints._lazy_source = None
         checkpoints.seq = checkpoints.position = checkpoints.loaded_seq = checkpoints.counted = 0
-        self._state = await checkpoints._replay(self._log, Projection(), 0, None)
+        if self._pager is not None:
+            self._pager.clear()  # (records were rewritten in place: nothing cached from them may be served)
+        self._state = await checkpoints._replay(self._log, Projection(self._pager), 0, None)
         self._epoch += 1
         self._view_cache = None
         self._count_hint = (-1, 0, None)
+        self._total_hint = None
         logger.info("session %s: erased the message at seq %d index %d (%d record(s))", self.session_id, seq, index,
                     len(receipt["records"]))
         return receipt
@@ -919,10 +952,32 @@ class PersistentContextManager:
         """
         self._check_open()
         if last is None:
-            return _copy(self._full().messages)
+            return _copy_all(self._full().messages)
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
             raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
         return _copy(self._state.messages[-last:]) if last else []
+
+    async def iter_messages(self, chunk: int = 256) -> AsyncIterator[dict[str, Any]]:
+        """Yields the full history, oldest first, as ``get_messages()`` returns it, one copy at a time.
+
+        Unlike ``get_messages()`` it never holds the history in memory: on a file log, messages are read from
+        the log as the iteration reaches them (docs/architecture.md, "Bounded memory"), and the event loop runs
+        other tasks every ``chunk`` messages. It shows the history as it was when the iteration began (later
+        changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
+        iterating).
+        """
+        self._check_open()
+        messages: Any = self._full().messages  # (a lazy history loads its refs, never its messages)
+        items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
+        pager = messages.pager if type(messages) is PagedList else None
+        for i, v in enumerate(items):
+            if type(v) is int:
+                assert pager is not None
+                v = pager.fetch(v)
+            if i and i % chunk == 0:
+                await asyncio.sleep(0)
+                self._check_open()
+            yield _copy(v)
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.
@@ -949,6 +1004,9 @@ class PersistentContextManager:
                 # The requested encoding did not load (estimator instead): counts restored from a checkpoint
                 # were made with the real encoding, so count everything again with the active counter.
                 tokens[:] = [None] * len(tokens)
+                self._total_hint = None
+                state = self._full()  # (a lazy list that loaded for the assignment is a plain list now)
+                tokens = state.tokens
             hint = self._count_hint
             start = hint[1] if hint[0] == self._epoch and hint[2] is tokens and hint[1] <= len(tokens) else 0
             try:
@@ -963,7 +1021,30 @@ class PersistentContextManager:
                         tokens[i] = count(msgs[i])
             self._count_hint = (self._epoch, len(tokens), tokens)
             state.counted_version = state.version
+            self._total_hint = (self._epoch, len(tokens), tokens, sum(tokens))
         return tokens  # type: ignore[return-value]
+
+    def _known_total(self) -> int | None:
+        """The whole history's token count if it is known without reading the history: every message was
+        counted, and the counts of all but the newest are summed already (``_total_hint``). None otherwise."""
+        hint = self._total_hint
+        if hint is None:
+            return None
+        epoch, n, tokens, total = hint
+        cur = self._state.tokens
+        if tokens is not cur or epoch != self._epoch or n > len(cur):
+            return None
+        for i in range(n, len(cur)):
+            t = cur[i]
+            if t is None:
+                return None
+            total += t
+        self._total_hint = (epoch, len(cur), tokens, total)
+        return total
+
+    def _total_tokens(self) -> int:
+        total = self._known_total()
+        return total if total is not None else sum(self._token_counts())
 
     def _count_indices(self, indices: Any) -> list[int | None]:
         """Count only the messages at ``indices`` (cached in the projection); the others stay as they are.
@@ -975,6 +1056,8 @@ class PersistentContextManager:
         if self._count_hint[2] is None and self._counter.name != self._counter.requested:
             # Same rule as _token_counts: counts restored from a checkpoint were made with another encoding.
             tokens[:] = [None] * len(tokens)
+            self._total_hint = None
+            tokens = self._state.tokens
             self._count_hint = (self._epoch, 0, tokens)
         count = self._counter.count_message
         msgs = state.messages
@@ -1039,7 +1122,7 @@ class PersistentContextManager:
         Raises StoreClosedError after ``close()``."""
         self._check_open()
         await self._count_large_off_loop()
-        return sum(self._token_counts())
+        return self._total_tokens()
 
     def resolve_budget(self, token_budget: int | None = None, provider: Any = None) -> tuple[int, str]:
         """The token budget a request view gets: ``token_budget`` if given, else what ``provider`` reports
@@ -1233,12 +1316,12 @@ class PersistentContextManager:
         self._check_open()
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._request_view(budget, source)
-        return max(0, sum(self._token_counts()) - view.token_count)
+        return max(0, self._total_tokens() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:
         """Whether a request view would be compacted (Amplifier's optional internal check)."""
         if token_count is None:
-            token_count = sum(self._token_counts())
+            token_count = self._total_tokens()
         if budget is None:
             budget = self.config["max_tokens"]
         return bool(self._compaction.auto_compact and token_count >= self._compaction.compact_threshold * budget)
@@ -1261,7 +1344,7 @@ class PersistentContextManager:
             "bytes": getattr(self._log, "size", None),
             "messages": len(st.messages),
             "pinned": len(st.pinned),
-            "tokens": sum(self._token_counts()),
+            "tokens": self._total_tokens(),
             "tokenizer": self._counter.name,
             "tokenizer_exact": self._counter.exact,
             "tokenizer_requested": self._counter.asked,

@@ -19,7 +19,7 @@ import pytest
 
 from context_persistent import PersistentContextManager
 from context_persistent.checkpoint import policy as cpmod
-from context_persistent.checkpoint import CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
+from context_persistent.checkpoint import CHECKPOINT_VERSION, CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
 from context_persistent.errors import LogCorruptedError
 from context_persistent.log import scan
 from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
@@ -69,7 +69,7 @@ async def _session(storage: Path, *, count: bool = True, pins: tuple[int, ...] =
         else:
             await _append(store, EVERY, "early")
     head = _header(storage)
-    assert head["checkpoint"] == 3 and head["base"] is None and head["front_bytes"] > 4
+    assert head["checkpoint"] == CHECKPOINT_VERSION and head["base"] is None and head["front_bytes"] > 4
     assert (head["tokenizer"] is not None) == count
     return head
 
@@ -155,7 +155,7 @@ async def _based(storage: Path, loads: list[int], **session: Any) -> tuple[dict[
 # -- 1. a periodic checkpoint of a lazy store copies the state section --------------------------------------
 async def test_a_lazy_store_writes_a_based_checkpoint_without_loading(storage: Path, loads: list[int]) -> None:
     first, head = await _based(storage, loads)
-    assert head["checkpoint"] == 3
+    assert head["checkpoint"] == CHECKPOINT_VERSION
     assert head["base"] == {"seq": first["seq"], "position": first["position"], "last_crc": first["last_crc"]}
     assert head["tokenizer"] == first["tokenizer"] == "chars/4"
     want = await _reference(storage)
@@ -493,7 +493,7 @@ async def test_a_checkpoint_of_layout_2_is_still_read(storage: Path, loads: list
         assert store._state.is_lazy and store._checkpoints.loaded_seq == first["seq"]
         await _append(store, EVERY)  # a layout-2 state section is copied like any other
         head = _header(storage)
-        assert head["checkpoint"] == 3 and head["base"] == _anchor(first) and store._state.is_lazy
+        assert head["checkpoint"] == CHECKPOINT_VERSION and head["base"] == _anchor(first) and store._state.is_lazy
     want = await _reference(storage)
     async with await _open(storage) as store:
         assert await _facts(store) == want

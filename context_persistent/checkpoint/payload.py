@@ -12,14 +12,15 @@ from typing import Any
 import orjson
 
 from .. import codec
-from ..projection import Projection
+from ..projection import Projection, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it.
-CHECKPOINT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
-#: The projection layout a payload was written for: a new field invalidates old checkpoints by itself.
-SCHEMA = sorted(Projection.__slots__)
+CHECKPOINT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
+#: The projection layout a payload was written for: a new field invalidates old checkpoints by itself. (The
+#: pager is where messages are read from, not state.)
+SCHEMA = sorted(s for s in Projection.__slots__ if s != "pager")
 #: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
 DUMP_STEP = 16_384
 _TRAILER = 9  # 8 hex digits + newline
@@ -55,7 +56,7 @@ class Checkpoint:
 
 def snapshot(state: Projection) -> bytes:
     """The projection state as JSON bytes, in one ``orjson.dumps`` call (O(state))."""
-    return orjson.dumps(state.to_state())
+    return orjson.dumps(state.to_state(refs=True))
 
 
 async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
@@ -199,18 +200,27 @@ def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
     return None
 
 
-def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
-    """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted."""
+def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> Projection:
+    """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted.
+
+    Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one (a backend
+    without byte positions) such a state cannot be used."""
     if cp.state is None:
         raise CheckpointError("the state section was not read")
     try:
-        state = Projection.from_state(cp.state)
+        state = Projection.from_state(cp.state, pager)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
     if state.head_seq != cp.state_seq:
         raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.state_seq}")
-    if not all(isinstance(k, int) for k in state.keys) or not all(isinstance(m, dict) for m in state.messages):
-        raise CheckpointError("state holds keys that are not integers or messages that are not objects")
+    items = raw_items(state.messages)
+    if not all(type(k) is int for k in state.keys) or not all(type(m) is dict or type(m) is int and m >= 0
+                                                              for m in items):
+        raise CheckpointError("state holds keys that are not integers or messages that are neither objects nor "
+                              "references to the log")
+    if pager is None and any(type(m) is int for m in items):
+        raise CheckpointError("state refers to messages by their position in the log, which only the file "
+                              "log it was written beside can resolve")
     counted = any(t is not None for t in state.tokens)
     if counted and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
         state.tokens = [None] * len(state.tokens)  # counted by another tokenizer: count again, lazily
