@@ -82,11 +82,13 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
             "session_id": session_id}, ts, codec.root_crc(session_id))
         f.write(first)
         prev = codec.crc_of(first)
-        # The system prompt first, then the pool's messages in runs (turns stay whole), wrapping around.
+        # The system prompt first, then runs of the pool's whole turns (each from a user message to the next:
+        # every tool result follows its call), picked at random.
+        turns = [i for i, m in enumerate(pool) if m["role"] == "user"]
         order = [0]
         while len(order) < messages:
-            start = rng.randrange(1, POOL - 64)
-            order.extend(range(start, start + rng.randint(8, 64)))
+            t = rng.randrange(0, len(turns) - 9)
+            order.extend(range(turns[t], turns[t + rng.randint(1, 8)]))
         for seq, k in enumerate(order[:messages], 2):
             m = pool[k]
             body = orjson.dumps({**m, "metadata": {"n": seq}})
