@@ -1024,9 +1024,10 @@ class PersistentContextManager:
             self._total_hint = (self._epoch, len(tokens), tokens, sum(tokens))
         return tokens  # type: ignore[return-value]
 
-    def _known_total(self) -> int | None:
+    def _known_total(self, count: bool = False) -> int | None:
         """The whole history's token count if it is known without reading the history: every message was
-        counted, and the counts of all but the newest are summed already (``_total_hint``). None otherwise."""
+        counted, and the counts of all but the newest are summed already (``_total_hint``). None otherwise.
+        ``count``: count the newest messages not counted yet (those appended since the sum was made)."""
         hint = self._total_hint
         if hint is None:
             return None
@@ -1037,13 +1038,15 @@ class PersistentContextManager:
         for i in range(n, len(cur)):
             t = cur[i]
             if t is None:
-                return None
+                if not count:
+                    return None
+                t = self._count_one(i)
             total += t
         self._total_hint = (epoch, len(cur), tokens, total)
         return total
 
     def _total_tokens(self) -> int:
-        total = self._known_total()
+        total = self._known_total(count=True)
         return total if total is not None else sum(self._token_counts())
 
     def _count_indices(self, indices: Any) -> list[int | None]:

@@ -407,7 +407,10 @@ class Checkpointer:
         keep_head, recent_tokens = self.front_hints()
         front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, system=self._system.of(state))
         front["counted"] = counted
-        front["tokens_total"] = self.token_total() if self.token_total is not None else None
+        total = self.token_total() if self.token_total is not None else None
+        if total is None and not state.is_lazy and counted == front["n"]:
+            total = sum(state.tokens)  # (every message counted; a loaded history is read whole here anyway)
+        front["tokens_total"] = total
         return orjson.dumps(front), any(t is not None for t in front["tokens"])
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
