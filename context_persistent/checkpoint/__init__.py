@@ -25,8 +25,11 @@ Payload layout (bytes)::
      "base":null|{"seq":B,"position":Q,"last_crc":"…"}}\\n                     <- header line
     <F bytes: the front section JSON, or null>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the header line and the front section
-    <L bytes: the state JSON, Projection.to_state()>\\n
+    <L bytes: the state JSON, Projection.to_state(refs=True)>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the state section
+
+Layout 4: beside a file log the state's ``messages`` are refs into the log (``position << 20 | index``,
+pages.py), not message contents; layouts 2 and 3 (contents) are still read (docs/format.md, "Checkpoints").
 
 The front section (:func:`front_of`) is what the first request view of a long session needs: the session
 facts, every system/developer message, the first turns, each pinned message with the turns around it, and the
