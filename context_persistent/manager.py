@@ -1021,7 +1021,7 @@ class PersistentContextManager:
                         tokens[i] = count(msgs[i])
             self._count_hint = (self._epoch, len(tokens), tokens)
             state.counted_version = state.version
-            self._total_hint = (self._epoch, len(tokens), tokens, sum(tokens))
+            self._total_hint = (self._epoch, len(tokens), tokens, sum(tokens))  # type: ignore[arg-type]
         return tokens  # type: ignore[return-value]
 
     def _known_total(self, count: bool = False) -> int | None:

@@ -409,7 +409,7 @@ class Checkpointer:
         front["counted"] = counted
         total = self.token_total() if self.token_total is not None else None
         if total is None and not state.is_lazy and counted == front["n"]:
-            total = sum(state.tokens)  # (every message counted; a loaded history is read whole here anyway)
+            total = sum(state.tokens)  # type: ignore[arg-type]  # (every message counted; a loaded history is read whole here anyway)
         front["tokens_total"] = total
         return orjson.dumps(front), any(t is not None for t in front["tokens"])
 
