@@ -128,7 +128,9 @@ async def _force_checkpoint(store: Any) -> None:
     cp = store._checkpoints
     if cp._task is not None:
         await cp._task
-    prep = cp._prepare(store._state, store._log, store._tokenizer_name)
+    session = getattr(store, "_s", store)  # (the store's shared session part, where there is one)
+    name = getattr(session, "tokenizer_name", None) or store._tokenizer_name
+    prep = cp._prepare(store._state, store._log, name)
     await cp._write(prep, store._log)
     if cp.error is not None:
         raise RuntimeError(f"checkpoint failed: {cp.error}")

@@ -71,7 +71,7 @@ async def test_first_request_stats_appends_and_a_checkpoint_read_few_messages(lo
     async with await _open(storage, checkpoint_every=500) as store:
         n = store.stats()["messages"]
         assert n > 18_000 and store._state.is_lazy
-        pager = store._pager
+        pager = store._s.pager
         assert pager is not None
         view = await store.get_messages_for_request(token_budget=4000)
         stats = store.stats()
@@ -107,7 +107,7 @@ async def test_loading_the_rest_reads_refs_not_messages(long_session: Path, tmp_
         assert not store._state.is_lazy
         messages = store._state.messages
         assert type(messages) is PagedList and sum(type(v) is int for v in messages.items) > len(messages) - 50
-        pager = store._pager
+        pager = store._s.pager
         assert pager is not None and pager.reads < 20
         got = [m async for m in store.iter_messages()]
         assert pager.held_bytes <= 64 << 10 and pager.reads > len(got) // 2
