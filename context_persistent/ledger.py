@@ -69,10 +69,10 @@ class TokenLedger:
             s.token_total_hint = (s.epoch, len(tokens), tokens, sum(tokens))  # type: ignore[arg-type]
         return tokens  # type: ignore[return-value]
 
-    def known_total(self, count: bool = False) -> int | None:
-        """The whole history's token count if it is known without reading the history: every message was
-        counted, and the counts of all but the newest are summed already (``Session.token_total_hint``); None
-        otherwise. ``count``: count the newest messages not counted yet (those appended since the sum)."""
+    def summed(self) -> tuple[int, int] | None:
+        """``(n, total)``: the first ``n`` messages' counts sum to ``total``, known without reading the history
+        (``Session.token_total_hint``, advanced over the counts made since; nothing is counted here). None
+        when the history changed other than by appends since the sum was made."""
         s = self._s
         hint = s.token_total_hint
         if hint is None:
@@ -81,19 +81,32 @@ class TokenLedger:
         cur = s.state.tokens
         if tokens is not cur or epoch != s.epoch or n > len(cur):
             return None
-        for i in range(n, len(cur)):
-            t = cur[i]
+        end = len(cur)
+        while n < end:
+            t = cur[n]
             if t is None:
-                if not count:
-                    return None
-                t = self.count_one(i)
+                break
             total += t
-        s.token_total_hint = (epoch, len(cur), tokens, total)
+            n += 1
+        s.token_total_hint = (epoch, n, tokens, total)
+        return n, total
+
+    def known_total(self) -> int | None:
+        """The whole history's token count if the counts of all but the newest messages are summed already
+        (:meth:`summed`): the newest are counted now (those appended since). None otherwise."""
+        summed = self.summed()
+        if summed is None:
+            return None
+        n, total = summed
+        tokens = self._s.state.tokens
+        for i in range(n, len(tokens)):
+            t = tokens[i]
+            total += t if t is not None else self.count_one(i)
         return total
 
     def total(self) -> int:
         """The whole history's token count (counting what is not counted yet)."""
-        known = self.known_total(count=True)
+        known = self.known_total()
         return known if known is not None else sum(self.counts())
 
     def count_indices(self, indices: Any) -> list[int | None]:

@@ -100,7 +100,7 @@ class PersistentContextManager:
         self._ledger = TokenLedger(s)
         self._views = RequestViews(s, self._ledger, writer, self._export_reasoning)
         s.checkpoints.front_hints = self._views.front_hints
-        s.checkpoints.token_total = self._ledger.known_total
+        s.checkpoints.token_total = self._ledger.summed
         self._prompt = SystemPrompt(s, writer)
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)

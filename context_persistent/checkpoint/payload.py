@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from .. import codec
+from ..paths import CHECKPOINT_BASE_NAME
 from ..projection import Projection, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
@@ -47,6 +48,9 @@ class Checkpoint:
     #: None: the state section is at ``seq``. Else ``{"seq", "position", "last_crc"}`` of the older record the
     #: state section is at; the log from there up to ``position`` brings it to ``seq`` (a "based" checkpoint).
     base: dict[str, Any] | None = None
+    #: None: the state section follows the front. Else ``{"file", "offset", "crc"}``: it is in that earlier
+    #: checkpoint file of the session folder (``checkpoint.base``), at ``offset``, its CRC line ``crc``.
+    state_in: dict[str, Any] | None = None
 
     @property
     def state_seq(self) -> int:
@@ -85,14 +89,14 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
 
 def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: str | None,
                  last_crc: str | None, tokenizer: str | None, state_bytes: int, front_json: bytes = b"null",
-                 base: dict[str, Any] | None = None) -> bytes:
+                 base: dict[str, Any] | None = None, state_in: dict[str, Any] | None = None) -> bytes:
     """The header line, the front section and its CRC line: what precedes a state section of
     ``state_bytes`` bytes (the section and its own CRC line follow)."""
     header = orjson.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
         "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": state_bytes,
-        "base": base,
+        "base": base, **({"state_in": state_in} if state_in is not None else {}),
     })
     crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
     return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1))
@@ -145,7 +149,7 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
         cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
                         first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
                         format=head["format"], schema=head["schema"], state=state, front=front,
-                        base=head.get("base"))
+                        base=head.get("base"), state_in=head.get("state_in"))
     except KeyError as e:
         raise CheckpointError(f"malformed payload: header lacks {e}") from None
     if not isinstance(cp.seq, int) or cp.seq < 1 or not (state is None or isinstance(state, dict)):
@@ -156,6 +160,13 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
             and isinstance(base.get("position"), int) and isinstance(cp.position, int)
             and 0 < base["position"] < cp.position and isinstance(base.get("last_crc"), str)):
         raise CheckpointError(f"malformed payload: base {base!r} for seq {cp.seq}")
+    where = cp.state_in
+    if where is not None and not (
+            cp.base is not None and isinstance(where, dict) and where.get("file") == CHECKPOINT_BASE_NAME
+            and type(where.get("offset")) is int and where["offset"] > 0 and isinstance(where.get("crc"), str)
+            and len(where["crc"]) == 8):
+        raise CheckpointError(f"malformed payload: state_in {where!r} (only a based checkpoint names a state "
+                              f"section in {CHECKPOINT_BASE_NAME})")
     if front is not None and not isinstance(front, dict):
         raise CheckpointError("malformed payload: the front section is not an object")
     return cp
@@ -179,6 +190,11 @@ def decode(data: bytes) -> Checkpoint:
     view = memoryview(data)
     _check_crc(view[:split], "header/front")
     _check_crc(view[split:], "state")
+    where = head.get("state_in")
+    if isinstance(where, dict) and bytes(view[-_TRAILER:-1]) != str(where.get("crc")).encode():
+        raise CheckpointError(f"the state section in {CHECKPOINT_BASE_NAME} is not the one the checkpoint names "
+                              f"(CRC {bytes(view[-_TRAILER:-1]).decode('ascii', 'replace')}, expected "
+                              f"{where.get('crc')})")
     try:
         front = orjson.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
         state = orjson.loads(view[split : len(data) - _TRAILER - 1])

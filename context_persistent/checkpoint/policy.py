@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..paths import CHECKPOINT_BASE_NAME
 from ..projection import LoadRefused, Projection
 from .front import SystemIndex, front_of, restore_front
 from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front, mismatch,
@@ -55,6 +56,26 @@ class _Prepared:
     #: (descriptor of the checkpoint file, owned by the write; offset, length) of the state section to copy
     splice: tuple[int, int, int] | None = None
 
+def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int) -> int:
+    """Store a based checkpoint whose state section is the one in the open file ``src`` (closed here): by
+    reference, keeping that file as ``checkpoint.base`` (O(1): nothing of the section is read or written), or,
+    where the file system cannot link it, by copying the section after the new front."""
+    try:
+        linked = store.keep_as_base(src)
+        crc = os.pread(src, 8, offset + length + 1).decode("ascii", "replace") if linked else ""
+    except BaseException:
+        os.close(src)
+        raise
+    if not linked:
+        prefix = encode_front(state_bytes=length, **fields)
+        return store.save_copying(prefix, src, offset, length + 1 + _TRAILER)  # (closes src)
+    try:
+        where = {"file": CHECKPOINT_BASE_NAME, "offset": offset, "crc": crc}
+        return store.save_front_only(encode_front(state_bytes=length, state_in=where, **fields))
+    finally:
+        os.close(src)
+
+
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
 
@@ -90,10 +111,11 @@ class Checkpointer:
         #: Where a file log's messages are read from (pages.MessageReader; set by the manager): the states this
         #: loads keep refs to the log instead of messages. None: messages are held (other backends).
         self.pager: Any = None
-        #: Set by the manager: ``() -> the history's token count, or None`` if that is not known without reading
-        #: the history. A front section records it, so stats() after the next open reads nothing.
-        self.token_total: Callable[[], int | None] | None = None
-        #: ``(messages, tokens)`` of the checkpoint loaded at open, when it recorded the total, else None.
+        #: Set by the manager: ``() -> (n, total)``, the first n messages' token counts summing to total (known
+        #: without reading the history), or None. A front section records it, so stats() after the next open
+        #: counts only the messages after those n.
+        self.token_total: Callable[[], tuple[int, int] | None] | None = None
+        #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
         self.loaded_total: tuple[int, int] | None = None
 
     # -- loading --------------------------------------------------------------------------------------
@@ -116,9 +138,10 @@ class Checkpointer:
             front = cp.front or {}
             counted = front.get("counted")
             self.counted = counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0
-            total, n = front.get("tokens_total"), front.get("n")
-            if type(total) is int and total >= 0 and type(n) is int and cp.tokenizer == tokenizer():
-                self.loaded_total = (n, total)
+            summed, n = front.get("tokens_total"), front.get("n")
+            if (isinstance(summed, list) and len(summed) == 2 and all(type(v) is int and v >= 0 for v in summed)
+                    and type(n) is int and summed[0] <= n and cp.tokenizer == tokenizer()):
+                self.loaded_total = (summed[0], summed[1])
         else:
             self.counted = _counted(state)
         logger.debug("session %s: resumed from the checkpoint at seq %d, replayed %d newer events",
@@ -407,10 +430,10 @@ class Checkpointer:
         keep_head, recent_tokens = self.front_hints()
         front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, system=self._system.of(state))
         front["counted"] = counted
-        total = self.token_total() if self.token_total is not None else None
-        if total is None and not state.is_lazy and counted == front["n"]:
-            total = sum(state.tokens)  # type: ignore[arg-type]  # (every message counted; a loaded history is read whole here anyway)
-        front["tokens_total"] = total
+        summed = self.token_total() if self.token_total is not None else None
+        if summed is None and not state.is_lazy and counted == front["n"]:
+            summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
+        front["tokens_total"] = list(summed) if summed is not None else None
         return orjson.dumps(front), any(t is not None for t in front["tokens"])
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
@@ -427,9 +450,8 @@ class Checkpointer:
             if splice is not None:
                 src, offset, length = splice
                 assert isinstance(store, FileCheckpointStore)
-                prefix = encode_front(state_bytes=length, **fields)  # type: ignore[arg-type]
-                splice = None  # save_copying closes src
-                size = await asyncio.to_thread(store.save_copying, prefix, src, offset, length + 1 + _TRAILER)
+                splice = None  # _save_based closes src
+                size = await asyncio.to_thread(_save_based, store, fields, src, offset, length)
             else:
                 assert prep.captured is not None
                 state_json = await dump_in_steps(prep.captured)
