@@ -2,7 +2,11 @@
 checkpoint without loading the history: a new header and a front section recomputed from what is in memory,
 followed by the old checkpoint's state section copied byte for byte; ``base`` in the header says where that
 section is, and loading the rest replays the log from there (checkpoint.Checkpointer._prepare, _splice_base,
-_replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole."""
+_replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole.
+
+Where the file system can, a based checkpoint refers to the old section instead (``checkpoint.base``, a hard
+link: tests/test_bounded_memory.py); these tests are about the copy, which is what a store does where it cannot
+link, so they turn the link off."""
 
 from __future__ import annotations
 
@@ -40,6 +44,11 @@ async def _open(storage: Path, **config: Any) -> PersistentContextManager:
     store = await PersistentContextManager.open(storage_path=storage, session_id=S, **{**CONFIG, **config})
     store.WINDOW_MIN_MESSAGES = 512
     return store
+
+
+@pytest.fixture(autouse=True)
+def _copy_not_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FileCheckpointStore, "keep_as_base", lambda self, src: False)
 
 
 def _cp_path(storage: Path) -> Path:

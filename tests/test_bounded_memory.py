@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import decode
+from context_persistent.checkpoint import FileCheckpointStore, decode
 from context_persistent.errors import LogCorruptedError
 from context_persistent.log import read_line_at, scan
 from context_persistent.pages import MessageReader, make_ref
-from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
+from context_persistent.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
 from context_persistent.projection import PagedList
 
 from strategies import tool_turns
@@ -46,6 +46,7 @@ def _eager_copy(storage: Path) -> Path:
     shutil.rmtree(twin, ignore_errors=True)
     shutil.copytree(storage, twin)
     (twin / S / CHECKPOINT_NAME).unlink()
+    (twin / S / CHECKPOINT_BASE_NAME).unlink(missing_ok=True)
     return twin
 
 
@@ -85,7 +86,10 @@ async def test_first_request_stats_appends_and_a_checkpoint_read_few_messages(lo
         # Nothing beyond what the front section holds was read from the log, and the history never loaded.
         assert pager.reads == 0 and store._state.is_lazy
         assert after["messages"] == n + 600 and after["tokens"] > stats["tokens"]
-        assert decode((storage / S / CHECKPOINT_NAME).read_bytes()).base is not None  # (its state not copied whole)
+        # A based checkpoint: its state section is the one written before, by reference (not copied).
+        written = decode(FileCheckpointStore(storage / S).read_sync() or b"")
+        assert written.base is not None and written.state_in is not None
+        assert (storage / S / CHECKPOINT_BASE_NAME).stat().st_size > (storage / S / CHECKPOINT_NAME).stat().st_size
     twin = _eager_copy(storage)
     async with await _open(twin) as eager:
         assert eager.stats()["tokens"] == after["tokens"]
@@ -301,3 +305,78 @@ async def test_a_refs_checkpoint_is_ignored_where_no_log_can_resolve_it(storage:
     with pytest.raises(CheckpointError, match="position in the log"):
         restore(cp, lambda: "chars/4")
     os.chmod(storage / S / CHECKPOINT_NAME, 0o600)
+
+
+# -- 5. a based checkpoint refers to the earlier state section (checkpoint.base) -----------------------------
+async def _based_by_reference(storage: Path) -> None:
+    await _session(storage, 400)
+    async with await _open(storage, checkpoint_every=100) as store:
+        assert store._state.is_lazy
+        for i in range(260):
+            await store.add_message({"role": "user", "content": f"later {i}"})
+        assert store._state.is_lazy
+    assert (storage / S / CHECKPOINT_BASE_NAME).exists()
+
+
+async def test_a_based_checkpoint_by_reference_reopens_to_the_whole_fold(storage: Path) -> None:
+    await _based_by_reference(storage)
+    cp = decode(FileCheckpointStore(storage / S).read_sync() or b"")
+    assert cp.state_in is not None and cp.base is not None and cp.state is not None
+    assert (storage / S / CHECKPOINT_NAME).stat().st_mode & 0o777 == 0o600
+    assert (storage / S / CHECKPOINT_BASE_NAME).stat().st_mode & 0o777 == 0o600
+    from context_persistent.repair import verify
+
+    report = verify(storage / S, S)
+    assert report.ok and report.checkpoint["status"] == "valid", report.checkpoint
+    async with await _open(storage) as store:
+        assert store.stats()["checkpoint"]["loaded_seq"] == cp.seq and store._state.is_lazy
+        got = [await store.get_messages(), store.stats()["tokens"]]
+        assert store._checkpoints.ignored is None
+    twin = _eager_copy(storage)
+    async with await _open(twin) as eager:
+        assert [await eager.get_messages(), eager.stats()["tokens"]] == got
+
+
+@pytest.mark.parametrize("damage", ["missing", "other", "flipped"])
+async def test_a_missing_or_replaced_base_file_makes_the_checkpoint_ignored(storage: Path, damage: str) -> None:
+    """checkpoint.base gone, replaced by another file, or damaged: the checkpoint is ignored (or its state
+    section rebuilt from the log) with a reason, and the history is the whole fold all the same."""
+    await _based_by_reference(storage)
+    base = storage / S / CHECKPOINT_BASE_NAME
+    twin = _eager_copy(storage)
+    if damage == "missing":
+        base.unlink()
+    elif damage == "other":
+        base.write_bytes(b"x" * base.stat().st_size)
+    else:
+        data = bytearray(base.read_bytes())
+        data[-20] ^= 0x01  # (inside its state section, which ends with a 9-byte CRC line)
+        base.write_bytes(bytes(data))
+    async with await _open(storage) as store:
+        got = await store.get_messages()
+        why = store.stats()["checkpoint"]["ignored"]
+        assert why is not None and ("checkpoint.base" in why or "checksum" in why), why
+    async with await _open(twin) as eager:
+        assert await eager.get_messages() == got
+
+
+async def test_a_checkpoint_with_its_own_state_section_removes_the_base_and_erase_removes_both(storage: Path) -> None:
+    await _based_by_reference(storage)
+    async with await _open(storage, checkpoint_every=100) as store:
+        await store.get_messages()  # (loads the rest: the next checkpoint writes its own state section)
+        for i in range(260):
+            await store.add_message({"role": "user", "content": f"more {i}"})
+    assert not (storage / S / CHECKPOINT_BASE_NAME).exists()
+    await _based_by_reference_again(storage)
+    async with await _open(storage) as store:
+        receipt = await store.erase(3)
+        assert not (storage / S / CHECKPOINT_BASE_NAME).exists() and not (storage / S / CHECKPOINT_NAME).exists()
+        assert receipt["checkpoints"] and await store.verify_erasure(receipt) == []
+
+
+async def _based_by_reference_again(storage: Path) -> None:
+    async with await _open(storage, checkpoint_every=100) as store:
+        assert store._state.is_lazy
+        for i in range(260):
+            await store.add_message({"role": "user", "content": f"again {i}"})
+    assert (storage / S / CHECKPOINT_BASE_NAME).exists()

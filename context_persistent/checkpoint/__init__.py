@@ -40,8 +40,10 @@ descriptor opened at open (a newer checkpoint renamed over it later does not cha
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 
 A *based* checkpoint (``base`` not null) is what a store writes while its history is still lazy: a new header
-and front section, followed by the state section of the checkpoint it was opened from, copied byte for byte
-(not loaded): that section is at ``base``, and loading the rest replays the log from ``base.position`` up to
+and front section, and the state section of the checkpoint it was opened from, not loaded: by reference
+(``state_in``: the section stays in that file, kept as ``checkpoint.base`` by a hard link, so a periodic
+checkpoint costs the front section only) or, where the file system cannot link, copied byte for byte after the
+front: that section is at ``base``, and loading the rest replays the log from ``base.position`` up to
 ``position``. So a periodic checkpoint never has to load a lazily opened history (seconds at a million
 messages). The log between is bounded (``BASE_MAX_FACTOR``), and ``base`` is anchored like ``seq`` (its
 record's seq and CRC at its position). Layout 2 (no ``base``) is still read.
