@@ -19,7 +19,7 @@ from .backends import BACKENDS, open_log
 from .budget import resolve_budget
 from .errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
-from .log import FSYNC_MODES, FileEventLog
+from .log import FSYNC_MODES, SEGMENT_BYTES, FileEventLog, check_segment_bytes
 from .paths import validate_session_id
 from .replay import MISMATCH, TRANSCRIPT_SKIPS, ReplayRecogniser
 from .projection import MAX_BATCH, LazyList, Projection, make_key, split_key
@@ -48,6 +48,9 @@ EVENT_SECRET_REDACTED = "context:secret_redacted"
 DEFAULTS: dict[str, Any] = {
     "fsync": "always",
     "reserve_tail": False,
+    "segment_bytes": SEGMENT_BYTES,
+    "compress_sealed": False,
+    "roll_on_compaction": False,
     "tokenizer": DEFAULT_ENCODING,
     "max_tokens": 200_000,
     "safety_margin": 1000,
@@ -255,7 +258,9 @@ class PersistentContextManager:
         _positive_int(cfg, "max_tokens")
         _positive_int(cfg, "safety_margin", 0)
         _positive_int(cfg, "checkpoint_every")
-        for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
+        cfg["segment_bytes"] = check_segment_bytes(cfg["segment_bytes"])
+        for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail", "compress_sealed",
+                     "roll_on_compaction"):
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
         _positive_int(cfg, "export_on_compact_every")
@@ -1199,6 +1204,8 @@ class PersistentContextManager:
         if "window" in stats:
             record.update(before_tokens_exact=False, window=stats["window"])
         self._deferred.append((ev.COMPACTED, record, codec.dumps(record)))
+        if self.config["roll_on_compaction"] and isinstance(self._log, FileEventLog):
+            self._log.roll_after_next_append()  # a segment boundary right after the audit record (segments.py)
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most
