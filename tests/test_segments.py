@@ -364,3 +364,64 @@ async def test_migrate_refuses_what_it_cannot_do(storage: Path) -> None:
     torn = _cli("migrate", SID, storage=storage)
     assert torn.returncode == 1 and "torn tail" in torn.stderr
     assert not (storage / SID / MANIFEST_NAME).exists()
+
+
+def _files_hold(folder: Path, needle: bytes) -> list[str]:
+    """Files of the session folder holding ``needle`` (compressed segments decompressed)."""
+    import zstandard
+
+    out = []
+    for p in folder.iterdir():
+        data = p.read_bytes()
+        if p.name.endswith(".zst"):
+            data = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True).decompress(data)
+        if needle in data:
+            out.append(p.name)
+    return out
+
+
+@pytest.mark.parametrize("compress", [False, True])
+async def test_erase_rewrites_sealed_segments_and_the_active_one(storage: Path, compress: bool) -> None:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096,
+                                                compress_sealed=compress, checkpoint_every=30)
+    secret = {"role": "user", "content": "my card number is 4111 1111 1111 1111"}
+    await store.add_message(secret)
+    for i in range(60):
+        await store.add_message({"role": "user", "content": f"filler {i} " + "f" * 200})
+    history = await store.get_messages()
+    await store.set_messages(history)  # a replacement carries the message forward (sealed: it is large)
+    await store.set_messages([secret, history[-1]])  # and a small one, in the active segment
+    folder = storage / SID
+    needle = orjson.dumps(secret)[1:-1]
+    assert len(_files_hold(folder, b"4111 1111 1111 1111")) >= 2
+    positions = [p for p, _ in _all_lines(storage)]
+    receipt = await store.erase(seq=2, reason="gdpr")
+    assert _files_hold(folder, b"4111 1111 1111 1111") == []
+    assert needle not in b"".join(line for _, line in _all_lines(storage))
+    seg_name = _manifest(storage)["segments"][0]["name"] + (".zst" if compress else "")
+    where = {r["seq"]: r["segment"] for r in receipt["records"]}
+    assert where[2] == seg_name and "events.jsonl" in where.values()
+    assert receipt["log"]["rewritten"][0] == seg_name
+    after = [p for p, _ in _all_lines(storage)]
+    assert after[:1] == positions[:1] and len(after) == len(positions)  # (positions after the tombstone move)
+    assert await store.verify_erasure(receipt) == []
+    await store.add_message({"role": "user", "content": "after the erasure"})
+    messages = await store.get_messages()
+    await store.close()
+    doc = _manifest(storage)
+    assert doc["pending"] == [] and all(stat.S_IMODE((folder / (s["name"] + (".zst" if s["compressed"] else "")))
+                                                     .stat().st_mode) == 0o400 for s in doc["segments"])
+    report = verify(folder, SID)
+    assert report.ok, report.problems
+    assert await _reopen_messages(storage) == messages
+    from context_persistent.erasure import check_receipt
+
+    assert check_receipt(folder, receipt) == []
+    out = _cli("verify", SID, "--receipt", str(_write_receipt(storage, receipt)), storage=storage)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _write_receipt(storage: Path, receipt: dict[str, Any]) -> Path:
+    path = storage.parent / "receipt.json"
+    path.write_bytes(orjson.dumps(receipt))
+    return path
