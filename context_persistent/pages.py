@@ -15,9 +15,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from .paths import LOG_NAME
+
 from . import codec
 from .errors import LogCorruptedError
-from .log import line_at, read_line_at
+from .segments import LogReader
 
 REF_INDEX_BITS = 20
 _INDEX_MASK = (1 << REF_INDEX_BITS) - 1
@@ -47,14 +49,19 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
 
 
 class MessageReader:
-    """Reads messages by ref from one session's log, through an LRU cache of at most ``cache_bytes``.
+    """Reads messages by ref from one session's log (its folder ``directory``), through an LRU cache of at most
+    ``cache_bytes``. Lines are read through a :class:`~context_persistent.segments.LogReader` kept open (global
+    positions across sealed segments); it is opened again when a position lies beyond what it saw (a roll since)
+    and by :meth:`clear`. :meth:`close` releases it.
 
     ``reads`` counts lines read from the log and ``hits`` refs served from the cache (tests and benchmarks
     use them to check that a path reads only what it needs).
     """
 
-    def __init__(self, path: Path, cache_bytes: int = CACHE_BYTES) -> None:
-        self.path = path
+    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES) -> None:
+        self.directory = directory
+        self.path = directory / LOG_NAME
+        self._reader: LogReader | None = None
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[int, tuple[Any, int]] = OrderedDict()
         self._held = 0
@@ -71,17 +78,17 @@ class MessageReader:
             self.hits += 1
             return hit[0]  # type: ignore[no-any-return]
         position, index = split_ref(ref)
-        line = read_line_at(self.path, position)
+        line = self._line(position)
         self.reads += 1
         try:
             rec = codec.decode(line)
         except codec.RecordError as e:
-            raise LogCorruptedError(str(self.path), line_at(self.path, position), position,
+            raise LogCorruptedError(str(self.path), 0, position,
                                     f"the record a message of the history refers to fails verification: {e}"
                                     ) from None
         message = message_of(rec, index)
         if type(message) is not dict:
-            raise LogCorruptedError(str(self.path), line_at(self.path, position), position,
+            raise LogCorruptedError(str(self.path), 0, position,
                                     f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
                                     f"index {index}, which the history refers to")
         data = rec["data"]
@@ -95,6 +102,27 @@ class MessageReader:
         else:
             self.put(ref, message, len(line))
         return message
+
+    def _line(self, position: int) -> bytes:
+        """The line at global ``position``: through the open reader, opened again once if the position is
+        beyond what it saw; LogCorruptedError if no complete line starts there."""
+        for attempt in (0, 1):
+            if self._reader is None:
+                self._reader = LogReader(self.directory)
+            try:
+                line = self._reader.read_line_at(position)
+            except ValueError as e:
+                line, why = b"", str(e)
+            else:
+                why = "the log ends before its newline"
+                if line.endswith(b"\n"):
+                    return line
+            self._reader.close()
+            self._reader = None
+            if attempt:
+                raise LogCorruptedError(str(self.path), 0, position, f"no complete record starts at this byte, which "
+                                        f"a message of the history refers to: {why}")
+        raise AssertionError("unreachable")
 
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
@@ -111,8 +139,15 @@ class MessageReader:
             self._held -= n
 
     def clear(self) -> None:
+        """Forget everything read (after the log was rewritten: erasure)."""
         self._cache.clear()
         self._held = 0
+        self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     @property
     def held_bytes(self) -> int:

@@ -255,10 +255,10 @@ def test_read_line_at_and_the_reader(tmp_path: Path) -> None:
                                codec.root_crc("s"))
     (folder / LOG_NAME).write_bytes(b"".join(lines))
     assert read_line_at(folder, 0) == lines[0]  # (longer than one read)
-    assert read_line_at(folder / LOG_NAME, len(lines[0])) == lines[1]
-    with pytest.raises(LogCorruptedError, match="ends before its newline"):
+    assert read_line_at(folder, len(lines[0])) == lines[1]
+    with pytest.raises(LogCorruptedError, match="no record starts at this byte: position .* past the end"):
         read_line_at(folder, len(lines[0]) + len(lines[1]))
-    reader = MessageReader(folder / LOG_NAME, cache_bytes=1000)
+    reader = MessageReader(folder, cache_bytes=1000)
     assert reader.fetch(make_ref(len(lines[0]), 1)) == {"role": "assistant", "content": "b"}
     assert reader.reads == 1 and reader.fetch(make_ref(len(lines[0]), 0))["content"] == "a" and reader.reads == 1
     assert reader.fetch(make_ref(0))["content"] == "x" * 100_000  # (larger than the cache: read, not kept)
