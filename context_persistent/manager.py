@@ -365,21 +365,22 @@ class PersistentContextManager:
         changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
         iterating).
         """
-        from .projection import PagedList, raw_items
+        from .projection import PagedList, _resolve, raw_items
 
         s = self._s
         s.check_open()
         messages: Any = s.full().messages  # (a lazy history loads its refs, never its messages)
         items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
         pager = messages.pager if type(messages) is PagedList else None
-        for i, v in enumerate(items):
-            if i and i % chunk == 0:
+        for start in range(0, len(items), chunk):
+            if start:
                 await asyncio.sleep(0)
                 s.check_open()
-            if type(v) is int:
-                assert pager is not None
-                v = pager.fetch(v)
-            yield copy_json(v)
+            part = items[start:start + chunk]
+            if pager is not None:
+                part = _resolve(part, pager)
+            for v in part:
+                yield copy_json(v)
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.

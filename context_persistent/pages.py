@@ -25,6 +25,8 @@ REF_INDEX_BITS = 20
 _INDEX_MASK = (1 << REF_INDEX_BITS) - 1
 #: Default bound of the cache of parsed messages: the JSON bytes of the messages it holds.
 CACHE_BYTES = 32 << 20
+#: The most log bytes one sequential read of :meth:`MessageReader.fetch_many` spans.
+RUN_BYTES = 8 << 20
 
 
 def make_ref(position: int, index: int = 0) -> int:
@@ -102,6 +104,62 @@ class MessageReader:
         else:
             self.put(ref, message, len(line))
         return message
+
+    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
+        """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
+        read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
+        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
+        cache (a pass over the whole history would evict what the request view reads)."""
+        out: list[Any] = [None] * len(refs)
+        want: dict[int, list[int]] = {}
+        cache = self._cache
+        for k, ref in enumerate(refs):
+            hit = cache.get(ref)
+            if hit is not None:
+                self.hits += 1
+                out[k] = hit[0]
+            else:
+                want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+        if want:
+            positions = sorted(want)
+            i = 0
+            while i < len(positions):
+                j = i
+                while j + 1 < len(positions) and positions[j + 1] - positions[i] <= RUN_BYTES:
+                    j += 1
+                self._read_run(positions[i:j + 1], want, refs, out)
+                i = j + 1
+        return out
+
+    def _read_run(self, positions: list[int], want: dict[int, list[int]], refs: list[int], out: list[Any]) -> None:
+        done = set()
+        if self._reader is None:
+            self._reader = LogReader(self.directory)
+        try:
+            for at, line in self._reader.lines(positions[0], positions[-1] + 1):
+                ks = want.get(at)
+                if ks is None or not line.endswith(b"\n"):
+                    continue
+                self.reads += 1
+                try:
+                    rec = codec.decode(line)
+                except codec.RecordError as e:
+                    raise LogCorruptedError(str(self.path), 0, at, "the record a message of the history refers "
+                                            f"to fails verification: {e}") from None
+                for k in ks:
+                    message = message_of(rec, refs[k] & _INDEX_MASK)
+                    if type(message) is not dict:
+                        raise LogCorruptedError(str(self.path), 0, at, f"the record (seq {rec.get('seq')}, "
+                                                f"{rec.get('type')}) holds no message at index "
+                                                f"{refs[k] & _INDEX_MASK}, which the history refers to")
+                    out[k] = message
+                done.add(at)
+        except ValueError:
+            pass  # (the reader predates a roll: what is left is read one by one below, which reopens it)
+        for p in positions:
+            if p not in done:
+                for k in want[p]:
+                    out[k] = self.fetch(refs[k])
 
     def _line(self, position: int) -> bytes:
         """The line at global ``position``: through the open reader, opened again once if the position is
