@@ -425,3 +425,64 @@ def _write_receipt(storage: Path, receipt: dict[str, Any]) -> Path:
     path = storage.parent / "receipt.json"
     path.write_bytes(orjson.dumps(receipt))
     return path
+
+
+async def test_repair_fixes_the_active_segment_and_refuses_to_touch_a_sealed_one(storage: Path) -> None:
+    from context_persistent.repair import repair
+
+    messages = await _fill(storage, 60, segment_bytes=4096)
+    folder = storage / SID
+    active = folder / "events.jsonl"
+    data = active.read_bytes()
+    assert data.count(b"\n") >= 3
+    lines = data.splitlines(keepends=True)
+    damaged = lines[0] + b"garbage that is no record\n" + b"".join(lines[1:])
+    active.write_bytes(damaged)
+    with pytest.raises(LogCorruptedError):
+        await _reopen_messages(storage)
+    result = repair(folder, SID)
+    assert result.changed and [p.kind for p in result.quarantined] == ["corrupt"] and not result.unfixable
+    assert active.read_bytes().startswith(data)  # the records kept byte for byte, then the audit record
+    assert verify(folder, SID).ok
+    assert await _reopen_messages(storage) == messages
+    # damage inside a sealed segment: reported, never rewritten
+    first = folder / _manifest(storage)["segments"][0]["name"]
+    os.chmod(first, 0o600)
+    raw = bytearray(first.read_bytes())
+    raw[30] ^= 0x02
+    first.write_bytes(bytes(raw))
+    result = repair(folder, SID)
+    assert not result.changed and any(p.kind == "segment" for p in result.unfixable)
+    assert first.read_bytes() == bytes(raw)
+    out = _cli("repair", SID, storage=storage)
+    assert out.returncode == 1 and "restore it from a backup" in out.stdout
+
+
+async def test_the_command_line_reads_segmented_logs(storage: Path, tmp_path: Path) -> None:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096,
+                                                compress_sealed=True)
+    for i in range(50):
+        await store.add_message({"role": "user", "content": f"message {i} " + "x" * 200})
+    store._log.roll()  # the active segment is empty: the newest record is in a sealed, compressed segment
+    await store.close()
+    assert (storage / SID / "events.jsonl").stat().st_size == 0
+    show = _cli("show", SID, "--json", storage=storage)
+    assert show.returncode == 0 and len(orjson.loads(show.stdout)["messages"]) == 50
+    at = _cli("show", SID, "--at", "11", "--json", storage=storage)
+    assert at.returncode == 0 and len(orjson.loads(at.stdout)["messages"]) == 10
+    export = _cli("export", SID, str(tmp_path / "out.jsonl"), storage=storage)
+    assert export.returncode == 0, export.stderr
+    tail = _cli("tail", SID, "-n", "3", "--json", storage=storage)
+    assert tail.returncode == 0 and [orjson.loads(x)["seq"] for x in tail.stdout.splitlines()] == [49, 50, 51]
+    follow = _cli("tail", SID, "-f", "--after", "0", "--until-seq", "51", "--json", "--timeout", "60",
+                  storage=storage)
+    assert follow.returncode == 0 and [orjson.loads(x)["seq"] for x in follow.stdout.splitlines()] == list(range(1, 52))
+    ls = _cli("ls", "--json", storage=storage)
+    assert ls.returncode == 0 and SID in ls.stdout
+    row = orjson.loads(ls.stdout)["sessions"][0]
+    assert row["last_activity"] is not None and row["bytes"] > 10000
+    fork = _cli("fork", SID, "child", "--at", "21", storage=storage)
+    assert fork.returncode == 0, fork.stderr
+    child = await PersistentContextManager.open(storage_path=storage, session_id="child", readonly=True)
+    assert len(await child.get_messages()) == 20
+    await child.close()

@@ -139,7 +139,21 @@ def _last_ts(log_path: Path) -> str | None:
             return str(codec.decode(line)["ts"])
         except (ValueError, KeyError):
             continue
+    if size == 0:  # an active segment just started: the last record ends the last sealed segment
+        from ..segments import LogReader
+
+        try:
+            with LogReader(log_path.parent) as reader:
+                return str(codec.decode(reader.line_ending_at(reader.base))["ts"]) if reader.base else None
+        except (OSError, ValueError, KeyError):
+            return None
     return None
+
+
+def _log_bytes(log: Any) -> int | None:
+    """A file log's size: its sealed segments (uncompressed) and its active segment; None for a database."""
+    size = getattr(log, "size", None)
+    return None if size is None else int(size) + int(getattr(log, "base", 0))
 
 
 def _iso(value: Any) -> str | None:
@@ -168,7 +182,7 @@ async def _ls(args: argparse.Namespace) -> int:
         try:
             async with await _open(args, sid) as store:  # no token counting here: ls stays fast
                 row.update(messages=len(store._state.messages), events=store.head_seq,
-                           bytes=getattr(store._log, "size", None),
+                           bytes=_log_bytes(store._log),
                            last_activity=_last_ts(log_path) if log_path else _iso(updated.get(sid)))
         except Exception as e:  # one unreadable session must not hide the others
             problem = True
