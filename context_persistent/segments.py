@@ -597,6 +597,12 @@ class LogReader:
                 return chunk[start:]
 
 
+def has_log(directory: Path) -> bool:
+    """Whether the session folder holds a log: ``events.jsonl`` or, segmented, a manifest (a roll killed
+    between its renames leaves no ``events.jsonl`` until the next writer opens the log)."""
+    return (directory / LOG_NAME).is_file() or (directory / MANIFEST_NAME).is_file()
+
+
 def read_line_at(log_dir: str | os.PathLike[str], position: int, session_id: str | None = None) -> bytes:
     """The record line that starts at global byte ``position`` of the session log in folder ``log_dir``.
 

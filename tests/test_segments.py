@@ -486,3 +486,30 @@ async def test_the_command_line_reads_segmented_logs(storage: Path, tmp_path: Pa
     child = await PersistentContextManager.open(storage_path=storage, session_id="child", readonly=True)
     assert len(await child.get_messages()) == 20
     await child.close()
+
+
+async def test_zstandard_is_imported_only_for_compressed_segments(storage: Path) -> None:
+    import sys
+
+    await _fill(storage, 60, segment_bytes=4096)
+    code = ("import asyncio, sys\n"
+            "import context_persistent\n"
+            "assert 'zstandard' not in sys.modules, 'imported by import context_persistent'\n"
+            "from context_persistent import PersistentContextManager\n"
+            "async def main():\n"
+            f"    s = await PersistentContextManager.open(storage_path={str(storage)!r}, session_id={SID!r})\n"
+            "    assert len(await s.get_messages()) == 60\n"
+            "    await s.close()\n"
+            "asyncio.run(main())\n"
+            "assert 'zstandard' not in sys.modules, 'imported to read plain segments'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+async def test_rolling_with_a_reserved_tail_seals_no_zeros(storage: Path) -> None:
+    messages = await _fill(storage, 80, segment_bytes=4096, reserve_tail=True)
+    folder = storage / SID
+    for s in _manifest(storage)["segments"]:
+        assert b"\0" not in (folder / s["name"]).read_bytes()
+    assert verify(folder, SID).ok
+    assert await _reopen_messages(storage, reserve_tail=True) == messages

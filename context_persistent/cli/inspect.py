@@ -175,8 +175,10 @@ async def _ls(args: argparse.Namespace) -> int:
         updated = {r["session_id"]: r.get("updated_at") for r in listed}
     else:
         root = Path(require_storage(args))
+        from ..segments import has_log
+
         ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
-                     if not d.name.startswith(".") and (d / LOG_NAME).is_file())
+                     if not d.name.startswith(".") and has_log(d))
     for sid, log_path in ids:
         row: dict[str, Any] = {"session_id": sid}
         try:
@@ -214,7 +216,7 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
 
 # -- where ------------------------------------------------------------------------------------------
 async def _where_cmd(args: argparse.Namespace) -> int:
-    from ..paths import LOG_NAME
+    from ..segments import has_log
 
     where, source = _where(args)
     info: dict[str, Any] = {"storage": where, "source": source,
@@ -223,7 +225,7 @@ async def _where_cmd(args: argparse.Namespace) -> int:
         root = Path(where)
         info["exists"] = root.is_dir()
         info["sessions"] = sum(1 for d in root.iterdir() if not d.name.startswith(".")
-                               and (d / LOG_NAME).is_file()) if root.is_dir() else 0
+                               and has_log(d)) if root.is_dir() else 0
     if args.json:
         print_json(info)
         return 0
