@@ -513,3 +513,32 @@ async def test_rolling_with_a_reserved_tail_seals_no_zeros(storage: Path) -> Non
         assert b"\0" not in (folder / s["name"]).read_bytes()
     assert verify(folder, SID).ok
     assert await _reopen_messages(storage, reserve_tail=True) == messages
+
+
+async def test_a_follower_continues_across_an_erase_in_a_sealed_segment(storage: Path) -> None:
+    import asyncio
+
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
+    await store.add_message({"role": "user", "content": "short secret"})  # its tombstone is longer
+    for i in range(40):
+        await store.add_message({"role": "user", "content": f"message {i} " + "x" * 200})
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for rec in store.follow(after_seq=0):
+            seen.append(rec["seq"])
+            if rec["seq"] == 44:
+                return
+
+    task = asyncio.ensure_future(follow())
+    while len(seen) < 42:
+        await asyncio.sleep(0.05)
+    before = _manifest(storage)["segments"][0]
+    await store.erase(seq=2)
+    after = _manifest(storage)["segments"][0]
+    assert after["sha256"] != before["sha256"] and after["end"] != before["end"]  # rewritten, ranges moved
+    await store.add_message({"role": "user", "content": "x"})
+    await store.add_message({"role": "user", "content": "y"})
+    await asyncio.wait_for(task, 20)
+    assert seen == list(range(1, 45))
+    await store.close()
