@@ -542,3 +542,12 @@ async def test_a_follower_continues_across_an_erase_in_a_sealed_segment(storage:
     await asyncio.wait_for(task, 20)
     assert seen == list(range(1, 45))
     await store.close()
+
+
+def test_segment_options_are_refused_for_postgres() -> None:
+    from context_persistent.config import check_config
+
+    for key in ("compress_sealed", "roll_on_compaction"):
+        with pytest.raises(ValueError, match="apply to the file backend only"):
+            check_config({"backend": "postgres", "dsn": "postgresql://u@h/db", key: True})
+    assert check_config({"backend": "postgres", "dsn": "postgresql://u@h/db"})["segment_bytes"] > 0  # (unused there)
