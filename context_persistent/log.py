@@ -1,5 +1,10 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
+That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
+it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
+is a single file, as every log was before segments.
+
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
 0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
@@ -235,7 +240,8 @@ def scan(path: Path | LogReader, start_offset: int = 0, start_line: int | None =
 
 
 class FileEventLog:
-    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl``.
+    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl`` and the
+    sealed segments before it.
 
     The constructor takes the writer lock (unless ``readonly``) and creates the file with mode 0600,
     fsyncing it into its folder. Not thread-safe; one owner per instance.

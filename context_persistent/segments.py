@@ -353,6 +353,14 @@ class SegmentFile:
 
     def line_at(self, offset: int) -> bytes:
         """The line (with its newline) that starts at segment offset ``offset``."""
+        if self.seg.compressed is None:  # a few KiB at a time: most records are small
+            want = 4096
+            while True:
+                data = os.pread(self.fd, min(want, self.seg.size - offset), offset)
+                nl = data.find(b"\n")
+                if nl >= 0 or len(data) < want:
+                    return data[:nl + 1] if nl >= 0 else data
+                want *= 16
         out = bytearray()
         for _, data in self.chunks(offset):
             nl = data.find(b"\n")

@@ -551,3 +551,33 @@ def test_segment_options_are_refused_for_postgres() -> None:
         with pytest.raises(ValueError, match="apply to the file backend only"):
             check_config({"backend": "postgres", "dsn": "postgresql://u@h/db", key: True})
     assert check_config({"backend": "postgres", "dsn": "postgresql://u@h/db"})["segment_bytes"] > 0  # (unused there)
+
+
+async def test_a_segment_is_verified_before_it_is_sealed(storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A record damaged before the checkpoint's position is not read by an open with the checkpoint; sealing
+    reads every record and refuses, the append itself stays acknowledged and the log unchanged otherwise."""
+    await _fill(storage, 60, segment_bytes=0, checkpoint_every=50)
+    log = storage / SID / "events.jsonl"
+    data = bytearray(log.read_bytes())
+    at = data.index(b"message 3 ") + 12
+    data[at] ^= 0x01
+    log.write_bytes(bytes(data))
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
+    await store.add_message({"role": "user", "content": "acknowledged"})
+    assert "could not seal the active segment" in caplog.text and "checksum mismatch" in caplog.text
+    await store.add_message({"role": "user", "content": "and this one"})
+    await store.close()
+    assert not (storage / SID / MANIFEST_NAME).exists()
+    assert log.read_bytes().startswith(bytes(data))
+    assert any(p.kind == "corrupt" for p in verify(storage / SID, SID).problems)
+
+
+def test_checked_seq_verifies_the_checksum_without_parsing() -> None:
+    line = codec.encode_event(7, "message_added", {"message": {"role": "user", "content": "hi"}}, None,
+                              codec.root_crc("x"))
+    assert codec.checked_seq(line) == (7, codec.crc_of(line))
+    bad = line.replace(b"hi", b"ho")
+    with pytest.raises(codec.RecordError, match="checksum mismatch"):
+        codec.checked_seq(bad)
+    with pytest.raises(codec.RecordError, match="no checksum field"):
+        codec.checked_seq(line[:40])
