@@ -35,7 +35,7 @@ from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, Session
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
 from .segment_store import compress_segment, recover, replace_segments, seal_active
-from .segments import LogReader, Manifest, Segment
+from .segments import LogReader, Manifest, Segment, read_line_at
 
 logger = logging.getLogger("context_persistent")
 
@@ -735,3 +735,10 @@ class FileEventLog:
         if error is not None:
             raise LogWriteError(str(self.path), "flush", error,
                                 f"records appended with fsync={self.fsync_mode!r} may not all be durable")
+
+
+#: Reading the log by global position across its segments (segments.py), importable from here too:
+#: ``read_line_at(folder, position)`` for one record, ``LogReader(folder)`` for many (``lines``, ``read_line_at``).
+__all__ = ["FSYNC_MODES", "MIN_SEGMENT_BYTES", "RESERVE", "RESERVE_MAX", "SEGMENT_BYTES", "FileEventLog", "FileLock",
+           "LogReader", "TornTail", "check_segment_bytes", "crash_leaves", "data_end", "data_size", "line_at",
+           "read_line_at", "scan"]
