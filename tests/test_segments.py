@@ -122,11 +122,12 @@ async def test_read_line_at_every_position(storage: Path, compress: bool) -> Non
         assert reader.end() == end
         for pos, line in lines[1:]:
             assert reader.line_ending_at(pos) == lines[[p for p, _ in lines].index(pos) - 1][1]
-        with pytest.raises(ValueError, match="at or past the end"):
+        with pytest.raises(LogCorruptedError, match="no complete record starts"):
             reader.read_line_at(end)
         with pytest.raises(ValueError, match="integer >= 0"):
             reader.read_line_at(-1)
     assert read_line_at(folder, lines[77][0]) == lines[77][1]
+    assert read_line_at(folder / "events.jsonl", lines[-1][0]) == lines[-1][1]  # (the log file names it too)
 
 
 async def test_a_random_read_in_a_compressed_segment_decompresses_one_frame(storage: Path,
