@@ -131,7 +131,9 @@ class Manifest:
         return i if i >= 0 and position < self.segments[i].end else -1
 
     def next_name(self) -> str:
-        return segment_name(len(self.segments) + 1)
+        """The name of the next sealed segment: one past the highest number in use (never a reused name)."""
+        last = max((int(s.name[len(SEGMENT_PREFIX):].split(".")[0]) for s in self.segments), default=0)
+        return segment_name(last + 1)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({"manifest": MANIFEST_VERSION, "session_id": self.session_id,
