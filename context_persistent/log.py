@@ -1,5 +1,10 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
+That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
+it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
+is a single file, as every log was before segments.
+
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
 0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
@@ -30,7 +35,7 @@ from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, Session
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
 from .segment_store import compress_segment, recover, replace_segments, seal_active
-from .segments import LogReader, Manifest, Segment
+from .segments import LogReader, Manifest, Segment, read_line_at
 
 logger = logging.getLogger("context_persistent")
 
@@ -191,26 +196,6 @@ def crash_leaves(line: bytes) -> bool:
     return line[-1:] != b"\n" or line.find(b"\0") >= 0
 
 
-def read_line_at(log_dir: Path, position: int) -> bytes:
-    """The log line (one record, with its newline) that starts at global byte ``position`` of the session log in
-    folder ``log_dir`` (segments.py: positions run on across sealed segments and the active one).
-
-    Raises LogCorruptedError if no complete line starts there (the log is shorter than whoever recorded the
-    position believes). The caller verifies the record (``codec.decode``). For many reads keep a
-    :class:`~context_persistent.segments.LogReader` open (pages.MessageReader does).
-    """
-    from .segments import read_line_at as _read
-
-    try:
-        line = _read(log_dir, position)
-    except ValueError as e:
-        raise LogCorruptedError(str(log_dir / LOG_NAME), 0, position, f"no record starts at this byte: {e}") from None
-    if not line.endswith(b"\n"):
-        raise LogCorruptedError(str(log_dir / LOG_NAME), 0, position, "no complete record starts at this byte: "
-                                "the log ends before its newline")
-    return line
-
-
 def scan(path: Path | LogReader, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None,
          strict_tail: bool = False) -> Iterator[tuple[dict[str, Any], int]]:
     """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
@@ -255,7 +240,8 @@ def scan(path: Path | LogReader, start_offset: int = 0, start_line: int | None =
 
 
 class FileEventLog:
-    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl``.
+    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl`` and the
+    sealed segments before it.
 
     The constructor takes the writer lock (unless ``readonly``) and creates the file with mode 0600,
     fsyncing it into its folder. Not thread-safe; one owner per instance.
@@ -756,3 +742,10 @@ class FileEventLog:
         if error is not None:
             raise LogWriteError(str(self.path), "flush", error,
                                 f"records appended with fsync={self.fsync_mode!r} may not all be durable")
+
+
+#: Reading the log by global position across its segments (segments.py), importable from here too:
+#: ``read_line_at(folder, position)`` for one record, ``LogReader(folder)`` for many (``lines``, ``read_line_at``).
+__all__ = ["FSYNC_MODES", "MIN_SEGMENT_BYTES", "RESERVE", "RESERVE_MAX", "SEGMENT_BYTES", "FileEventLog", "FileLock",
+           "LogReader", "TornTail", "check_segment_bytes", "crash_leaves", "data_end", "data_size", "line_at",
+           "read_line_at", "scan"]

@@ -135,27 +135,31 @@ class MessageReader:
         done = set()
         if self._reader is None:
             self._reader = LogReader(self.directory)
-        try:
-            for at, line in self._reader.lines(positions[0], positions[-1] + 1):
-                ks = want.get(at)
-                if ks is None or not line.endswith(b"\n"):
-                    continue
-                self.reads += 1
-                try:
-                    rec = codec.decode(line)
-                except codec.RecordError as e:
-                    raise LogCorruptedError(str(self.path), 0, at, "the record a message of the history refers "
-                                            f"to fails verification: {e}") from None
-                for k in ks:
-                    message = message_of(rec, refs[k] & _INDEX_MASK)
-                    if type(message) is not dict:
-                        raise LogCorruptedError(str(self.path), 0, at, f"the record (seq {rec.get('seq')}, "
-                                                f"{rec.get('type')}) holds no message at index "
-                                                f"{refs[k] & _INDEX_MASK}, which the history refers to")
-                    out[k] = message
-                done.add(at)
-        except ValueError:
-            pass  # (the reader predates a roll: what is left is read one by one below, which reopens it)
+        lines = self._reader.lines(positions[0], positions[-1] + 1)
+        while True:
+            try:
+                at, line = next(lines)
+            except StopIteration:
+                break
+            except (ValueError, LogCorruptedError):
+                break  # (the reader predates a roll: what is left is read one by one below, which reopens it)
+            ks = want.get(at)
+            if ks is None or not line.endswith(b"\n"):
+                continue
+            self.reads += 1
+            try:
+                rec = codec.decode(line)
+            except codec.RecordError as e:
+                raise LogCorruptedError(str(self.path), 0, at, "the record a message of the history refers "
+                                        f"to fails verification: {e}") from None
+            for k in ks:
+                message = message_of(rec, refs[k] & _INDEX_MASK)
+                if type(message) is not dict:
+                    raise LogCorruptedError(str(self.path), 0, at, f"the record (seq {rec.get('seq')}, "
+                                            f"{rec.get('type')}) holds no message at index "
+                                            f"{refs[k] & _INDEX_MASK}, which the history refers to")
+                out[k] = message
+            done.add(at)
         for p in positions:
             if p not in done:
                 for k in want[p]:
@@ -169,8 +173,8 @@ class MessageReader:
                 self._reader = LogReader(self.directory)
             try:
                 line = self._reader.read_line_at(position)
-            except ValueError as e:
-                line, why = b"", str(e)
+            except (ValueError, LogCorruptedError) as e:  # (past what the reader saw: opened before a roll?)
+                line, why = b"", e.reason if isinstance(e, LogCorruptedError) else str(e)
             else:
                 why = "the log ends before its newline"
                 if line.endswith(b"\n"):

@@ -122,33 +122,33 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
 
 # -- sealing -------------------------------------------------------------------------------------------
 def check_records(lines: Iterator[bytes], where: Path, after_seq: int) -> tuple[int, str, int, str, str]:
-    """Verify the records of one segment before it is sealed: every line is a whole record that passes its
-    checksum, and seqs increase (the chain is checked on every replay and by ``verify``). Returns
+    """Verify the records of one segment before it is sealed: every line is a whole record whose checksum
+    holds, and seqs increase (the chain is checked on every replay and by ``verify``). Returns
     ``(first_seq, first_crc, last_seq, last_crc, sha256)``; LogCorruptedError names the bad line."""
     h = hashlib.sha256()
-    first_seq = last_seq = 0
-    first_crc = last_crc = ""
+    first_seq = 0
+    first_crc = crc = b""
     offset = 0
     lineno = 0
     last = after_seq
-    decode = codec.decode
+    checked = codec.checked_seq
     for line in lines:
         lineno += 1
         h.update(line)
         try:
-            rec = decode(line)
+            if not line.endswith(b"\n"):
+                raise codec.RecordError("the line has no newline (a record cut short)")
+            seq, crc = checked(line)
         except codec.RecordError as e:
             raise LogCorruptedError(str(where), lineno, offset, f"{e}; the segment was not sealed") from None
-        seq = rec["seq"]
         if seq <= last:
             raise LogCorruptedError(str(where), lineno, offset, f"seq {seq} does not follow seq {last}")
         if not first_seq:
-            first_seq, first_crc = seq, rec["crc"]
+            first_seq, first_crc = seq, crc
         last = seq
         offset += len(line)
-    if first_seq:
-        last_seq, last_crc = last, rec["crc"]
-    return first_seq, first_crc, last_seq, last_crc, "sha256:" + h.hexdigest()
+    last_seq = last if first_seq else 0
+    return first_seq, first_crc.decode(), last_seq, crc.decode(), "sha256:" + h.hexdigest()
 
 
 def seal_active(directory: Path, manifest: Manifest, size: int) -> tuple[Manifest, Segment, int]:

@@ -131,7 +131,9 @@ class Manifest:
         return i if i >= 0 and position < self.segments[i].end else -1
 
     def next_name(self) -> str:
-        return segment_name(len(self.segments) + 1)
+        """The name of the next sealed segment: one past the highest number in use (never a reused name)."""
+        last = max((int(s.name[len(SEGMENT_PREFIX):].split(".")[0]) for s in self.segments), default=0)
+        return segment_name(last + 1)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({"manifest": MANIFEST_VERSION, "session_id": self.session_id,
@@ -353,6 +355,14 @@ class SegmentFile:
 
     def line_at(self, offset: int) -> bytes:
         """The line (with its newline) that starts at segment offset ``offset``."""
+        if self.seg.compressed is None:  # a few KiB at a time: most records are small
+            want = 4096
+            while True:
+                data = os.pread(self.fd, min(want, self.seg.size - offset), offset)
+                nl = data.find(b"\n")
+                if nl >= 0 or len(data) < want:
+                    return data[:nl + 1] if nl >= 0 else data
+                want *= 16
         out = bytearray()
         for _, data in self.chunks(offset):
             nl = data.find(b"\n")
@@ -552,17 +562,23 @@ class LogReader:
     def read_line_at(self, position: int) -> bytes:
         """The record line (with its newline) that starts at global ``position``.
 
-        Reads only the file (and, for a compressed segment, the one frame) that holds it. ValueError if the
-        position is outside the log; the caller decodes and so verifies the line (``codec.decode``).
+        Reads only the file (and, for a compressed segment, the one frame) that holds it. Raises ValueError
+        for a position that is not an integer >= 0, LogCorruptedError if no complete line starts there (the
+        log ends before its newline: it is shorter than whoever recorded the position believes). The caller
+        decodes and so verifies the line (``codec.decode``).
         """
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise ValueError(f"position must be an integer >= 0, got {position!r}")
         i = self.manifest.index_at(position)
         if i >= 0:
             seg = self.manifest.segments[i]
-            return self.segment_file(i).line_at(position - seg.start)
+            line = self.segment_file(i).line_at(position - seg.start)
+            if not line.endswith(b"\n"):
+                raise LogCorruptedError(str(self.directory / seg.file), 0, position - seg.start,
+                                        "no complete record starts at this byte")
+            return line
         if position < self.base or self.active_fd < 0 or self._active_is_last:
-            raise ValueError(f"position {position} is outside the log of {self.directory}")
+            raise self._past_end(position)
         out = bytearray()
         pos = position - self.base
         while True:
@@ -575,9 +591,14 @@ class LogReader:
                 break
             out += data
             pos += len(data)
-        if not out:
-            raise ValueError(f"position {position} is at or past the end of the log of {self.directory}")
+        if not out.endswith(b"\n"):
+            raise self._past_end(position)
         return bytes(out)
+
+    def _past_end(self, position: int) -> LogCorruptedError:
+        return LogCorruptedError(str(self.directory / LOG_NAME), 0, position,
+                                 f"no complete record starts at global position {position}: the log ends at "
+                                 f"{self.end()}, before its newline")
 
     def line_ending_at(self, position: int) -> bytes:
         """The line that ends exactly at global ``position`` (b"" at 0)."""
@@ -597,12 +618,22 @@ class LogReader:
                 return chunk[start:]
 
 
+def has_log(directory: Path) -> bool:
+    """Whether the session folder holds a log: ``events.jsonl`` or, segmented, a manifest (a roll killed
+    between its renames leaves no ``events.jsonl`` until the next writer opens the log)."""
+    return (directory / LOG_NAME).is_file() or (directory / MANIFEST_NAME).is_file()
+
+
 def read_line_at(log_dir: str | os.PathLike[str], position: int, session_id: str | None = None) -> bytes:
-    """The record line that starts at global byte ``position`` of the session log in folder ``log_dir``.
+    """The record line that starts at global byte ``position`` of the session log in folder ``log_dir`` (or
+    given by its ``events.jsonl``). Raises as :meth:`LogReader.read_line_at`.
 
     For many reads keep a :class:`LogReader` open instead (this opens and closes one).
     """
-    with LogReader(log_dir, session_id) as reader:
+    folder = Path(log_dir)
+    if folder.name == LOG_NAME and not folder.is_dir():
+        folder = folder.parent
+    with LogReader(folder, session_id) as reader:
         return reader.read_line_at(position)
 
 

@@ -73,6 +73,13 @@ async def test_kill_during_roll_or_compression_loses_nothing_acknowledged(
     assert code == -signal.SIGKILL, lines  # it reached the step and died there
     acked = _acked(lines)
     assert acked >= 10
+    # a reader before any writer recovers: it sees the log as the manifest describes it, and changes nothing
+    names = sorted(p.name for p in (storage / SID).iterdir())
+    reader = await PersistentContextManager.open(storage_path=storage, session_id=SID, readonly=True)
+    seen = [m["content"].split()[0] for m in await reader.get_messages()]
+    await reader.close()
+    assert seen == [f"m{i}" for i in range(acked + 1)]
+    assert sorted(p.name for p in (storage / SID).iterdir()) == names
     messages, recovered = await _state(storage)
     contents = [m["content"].split()[0] for m in messages]
     # every acknowledged append is there; the append that set off the roll was durable before it began
