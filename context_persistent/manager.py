@@ -9,7 +9,6 @@ stays cheap.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -375,22 +374,8 @@ class PersistentContextManager:
         changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
         iterating).
         """
-        from .projection import PagedList, _resolve, raw_items
-
-        s = self._s
-        s.check_open()
-        messages: Any = s.full().messages  # (a lazy history loads its refs, never its messages)
-        items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
-        pager = messages.pager if type(messages) is PagedList else None
-        for start in range(0, len(items), chunk):
-            if start:
-                await asyncio.sleep(0)
-                s.check_open()
-            part = items[start:start + chunk]
-            if pager is not None:
-                part = _resolve(part, pager)
-            for v in part:
-                yield copy_json(v)
+        async for message in self._s.iter_messages(chunk):
+            yield message
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.
