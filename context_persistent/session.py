@@ -146,7 +146,8 @@ class Session:
             "path": str(self.log.path),
             "head_seq": st.head_seq,
             "events": dict(st.counts),
-            "bytes": getattr(self.log, "size", None),
+            "bytes": None if getattr(self.log, "size", None) is None  # (a file log: every segment, uncompressed)
+            else self.log.size + getattr(self.log, "base", 0),  # type: ignore[attr-defined]
             "messages": len(st.messages),
             "pinned": len(st.pinned),
             "tokens": tokens,
