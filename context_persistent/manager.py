@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import events as ev
+from .budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
 from .eventlog import EventLog
-from . import events as ev
 from .events import copy_json
 
 if TYPE_CHECKING:
@@ -408,8 +409,6 @@ class PersistentContextManager:
         Returns ``(budget, source)``, the source being ``explicit``, ``provider`` or ``config``. Raises
         ValueError if ``token_budget`` is not a positive int or None.
         """
-        from .budget import resolve_budget
-
         config = self._s.config
         return resolve_budget(token_budget, provider, max_tokens=config["max_tokens"],
                               safety_margin=config["safety_margin"])
