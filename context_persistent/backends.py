@@ -7,6 +7,7 @@ but not the manager.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from .eventlog import EventLog
@@ -27,7 +28,12 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
 
         return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
                                            readonly=readonly, create=create)
-    return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
+    folder = session_dir(storage_path, session_id)
+    if not folder.exists():  # a new session, or one a retention policy moved to the trash (SessionTrashedError)
+        from .trash import check_not_trashed
+
+        check_not_trashed(Path(storage_path), session_id)
+    return FileEventLog(folder, session_id, readonly=readonly,
                         fsync=cfg.get("fsync", "always"), create=create,
                         reserve_tail=cfg.get("reserve_tail", False))
 

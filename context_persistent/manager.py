@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "dsn": None,
     "pg_schema": None,
     "secret_scanner": None,
+    "retention": None,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -126,6 +127,24 @@ def _positive_int(config: dict[str, Any], key: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+async def _apply_retention(storage_path: Path, session_id: str, cfg: dict[str, Any]) -> None:
+    """``retention.apply_on_open``: apply the policy to the other sessions before this one opens
+    (docs/operations.md, "Retention")."""
+    if cfg["backend"] == "postgres":
+        from .pg.retention import apply_on_open as apply_pg
+
+        report = await apply_pg(cfg["dsn"], cfg["pg_schema"], cfg["retention"], session_id)
+    else:
+        from .trash import apply_on_open
+
+        report = await apply_on_open(storage_path, cfg["retention"], session_id)
+    if report is None:
+        logger.info("retention on open skipped: another process is applying retention to %s", storage_path)
+    elif report["trashed"]:
+        logger.info("retention on open moved %d session(s) to the trash: %s", len(report["trashed"]),
+                    ", ".join(f"{t['session_id']} ({t['rule']})" for t in report["trashed"]))
 
 
 class PersistentContextManager:
@@ -227,6 +246,8 @@ class PersistentContextManager:
         validate_session_id(session_id)
         cfg = cls.check_config(config)
         storage_path = Path(storage_path).expanduser()
+        if cfg["retention"] is not None and cfg["retention"].apply_on_open and not readonly:
+            await _apply_retention(storage_path, session_id, cfg)
         log = await open_log(storage_path, session_id, cfg, readonly=readonly)
         try:  # (whatever fails after the log is open, its writer lock is released)
             store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
@@ -261,6 +282,10 @@ class PersistentContextManager:
         _positive_int(cfg, "export_on_compact_every")
         if cfg["resume_rule"] not in RESUME_RULES:
             raise ValueError(f"resume_rule must be one of {', '.join(RESUME_RULES)}; got {cfg['resume_rule']!r}")
+        if cfg["retention"] is not None:
+            from .retention import RetentionPolicy
+
+            cfg["retention"] = RetentionPolicy.from_config(cfg["retention"])
         if cfg["secret_scanner"] is not None:
             from .secret_scan import make_scanner
 
