@@ -331,15 +331,6 @@ async def reconcile(ledger: Ledger) -> list[dict[str, Any]]:
     return done
 
 
-def _hook(point: str) -> None:
-    """Where tests kill a mover (``CONTEXT_PERSISTENT_RETENTION_CRASH`` names the point; see
-    tests/retention_child.py); nothing in normal use."""
-    if os.environ.get("CONTEXT_PERSISTENT_RETENTION_CRASH") == point:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy, now: datetime) -> dict[str, Any]:
     """Move one expired session to the trash: take its writer lock (SessionLockedError if live), record it,
     rename its folder. Returns the ``trashed`` record's data."""
@@ -358,9 +349,7 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
                 "log": {"bytes": size, "sha256": digest}, "grace_days": policy.grace_days,
                 "purge_after": (now + timedelta(days=policy.grace_days)).isoformat()}
         await ledger.append(TRASHED, data)
-        _hook("after-record")
         _rename(folder, trash_dir(storage) / name)
-        _hook("after-move")
     finally:
         lock.release()
     return data
@@ -453,7 +442,6 @@ async def restore(storage: str | os.PathLike[str], name: str) -> dict[str, Any]:
                               f"{entry.data['log']['sha256']}: it changed in the trash; nothing was restored")
         data = {"entry": entry.name, "session_id": entry.session_id, "log": {"bytes": size, "sha256": digest}}
         await ledger.append(RESTORED, data)
-        _hook("restore-after-record")
         _rename(src, dst)
         return data
     finally:
@@ -485,7 +473,6 @@ async def purge(storage: str | os.PathLike[str], names: list[str] | None = None,
                                          "forced": not due, "reason": reason or ("grace period over" if due else
                                                                                  "forced"),
                                          "bytes": entry.data["bytes"], "log": entry.data["log"]})
-            _hook("purge-after-record")
             _remove(root, entry.name)
             purged.append({"entry": entry.name, "session_id": entry.session_id, "bytes": entry.data["bytes"],
                            "forced": not due})
