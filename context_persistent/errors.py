@@ -148,11 +148,11 @@ class SessionTrashedError(ContextPersistentError):
     """The session was moved to the trash by a retention policy: it does not open as a live session."""
 
     def __init__(self, session_id: str, entries: list[str], where: str) -> None:
+        # ``where``: the trash entry's folder or table row, for the message
         self.session_id = session_id
         self.entries = entries
-        names = ", ".join(entries)
         super().__init__(
-            f"session {session_id!r} is in the trash ({where}/{names}), moved "
+            f"session {session_id!r} is in the trash ({where}), moved "
             f"there by a retention policy: restore it with `context-persistent trash restore {entries[-1]}`, or "
             f"purge it (`context-persistent trash purge {entries[-1]} --force`) to start a new session under "
             "this id")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from .errors import LedgerError
+
 #: The keys a ``retention`` configuration takes (docs/configuration.md).
 POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "grace_days", "apply_on_open")
 #: The rules, in the order they are checked (a session selected by several is reported under the first).
@@ -191,5 +193,74 @@ def purge_due(trashed_at: datetime, grace_days: float, now: datetime) -> bool:
     return now >= trashed_at + timedelta(days=grace_days)
 
 
-__all__ = ["DEFAULT_GRACE_DAYS", "Expiry", "POLICY_KEYS", "Plan", "RULES", "RetentionPolicy", "SessionInfo", "plan",
-           "purge_due"]
+# -- the ledger's records (shared by the file and PostgreSQL backends) ---------------------------------
+#: Separates the session id from the ledger seq in a trash entry's name (never part of a session id).
+ENTRY_SEP = "~"
+TRASHED, CANCELLED, RESTORED, RESTORE_CANCELLED, PURGED = (
+    "trashed", "trash_cancelled", "restored", "restore_cancelled", "purged")
+#: Ledger record types and the data keys each must have (a record without them is corrupt, never skipped).
+LEDGER_TYPES: dict[str, tuple[str, ...]] = {
+    TRASHED: ("entry", "session_id", "rule", "reason", "policy", "log", "bytes", "purge_after"),
+    CANCELLED: ("entry", "session_id", "reason"),
+    RESTORED: ("entry", "session_id"),
+    RESTORE_CANCELLED: ("entry", "session_id", "reason"),
+    PURGED: ("entry", "session_id", "forced", "reason"),
+}
+
+
+@dataclass
+class Entry:
+    """A trash entry as the ledger folds it: the ``trashed`` record's data, its seq and time, and its state
+    (``trashed``, ``trash_cancelled``, ``restored``, ``restore_cancelled`` (back in the trash) or ``purged``)."""
+
+    name: str
+    session_id: str
+    seq: int
+    trashed_at: datetime
+    data: dict[str, Any]
+    state: str = TRASHED
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def purge_after(self) -> datetime:
+        return datetime.fromisoformat(self.data["purge_after"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entry": self.name, "session_id": self.session_id, "state": self.state,
+                "trashed_at": self.trashed_at.isoformat(), "purge_after": self.data["purge_after"],
+                "rule": self.data["rule"], "reason": self.data["reason"], "bytes": self.data["bytes"],
+                "log": self.data["log"], "policy": self.data["policy"], "ledger_seq": self.seq,
+                "history": self.history}
+
+
+def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
+    """The trash entries a ledger's records describe, by name. LedgerError for a record of an unknown type,
+    without the keys its type needs, or naming an entry out of order."""
+    entries: dict[str, Entry] = {}
+    for rec in records:
+        kind, data, seq = rec["type"], rec["data"], rec["seq"]
+        need = LEDGER_TYPES.get(kind)
+        if need is None:
+            raise LedgerError(f"{path}: seq {seq} is a {kind!r} record, which is not a ledger record (allowed: "
+                              f"{', '.join(LEDGER_TYPES)}); nothing was changed")
+        if not isinstance(data, dict) or any(k not in data for k in need):
+            raise LedgerError(f"{path}: seq {seq} ({kind}) lacks one of {', '.join(need)}; nothing was changed")
+        name = data["entry"]
+        if kind == TRASHED:
+            if name in entries or name != f"{data['session_id']}{ENTRY_SEP}{seq}":
+                raise LedgerError(f"{path}: seq {seq} trashes entry {name!r}, which is not "
+                                  f"'<session_id>{ENTRY_SEP}{seq}' or was used before; nothing was changed")
+            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data)
+            continue
+        entry = entries.get(name)
+        if entry is None:
+            raise LedgerError(f"{path}: seq {seq} ({kind}) names entry {name!r}, which no earlier record trashed; "
+                              "nothing was changed")
+        entry.state = kind
+        entry.history.append({"seq": seq, "type": kind, "ts": rec["ts"],
+                              **{k: v for k, v in data.items() if k not in ("entry", "session_id")}})
+    return entries
+
+
+__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES", "RetentionPolicy", "SessionInfo", "fold",
+           "plan", "purge_due"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -28,29 +27,16 @@ from . import codec
 from .errors import LedgerError, SessionLockedError, SessionTrashedError
 from .log import FileEventLog, FileLock
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
-from .retention import Expiry, Plan, RetentionPolicy, SessionInfo, plan, purge_due
+from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
+                        RetentionPolicy, SessionInfo, fold, plan, purge_due)
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
 RETENTION_DIR = ".retention"
 TRASH_DIR = "trash"
 #: The ledger's chain root is the CRC-32 of ``session:.retention`` (an id no session can have).
 LEDGER_ID = ".retention"
-#: Separates the session id from the ledger seq in a trash entry's name (never part of a session id).
-ENTRY_SEP = "~"
 #: A trash entry being purged is renamed to this prefix first, so a half-deleted folder is never listed.
 PURGING = ".purging-"
-
-TRASHED, CANCELLED, RESTORED, RESTORE_CANCELLED, PURGED = (
-    "trashed", "trash_cancelled", "restored", "restore_cancelled", "purged")
-#: Ledger record types and the data keys each must have (a record without them is corrupt, never skipped).
-LEDGER_TYPES: dict[str, tuple[str, ...]] = {
-    TRASHED: ("entry", "session_id", "rule", "reason", "policy", "log", "bytes", "purge_after"),
-    CANCELLED: ("entry", "session_id", "reason"),
-    RESTORED: ("entry", "session_id"),
-    RESTORE_CANCELLED: ("entry", "session_id", "reason"),
-    PURGED: ("entry", "session_id", "forced", "reason"),
-}
-
 
 def retention_dir(storage: Path) -> Path:
     return storage / RETENTION_DIR
@@ -77,7 +63,7 @@ def check_not_trashed(storage: Path, session_id: str) -> None:
     folder that does not exist: one ``listdir`` of the trash, only then)."""
     entries = entries_for(storage, session_id)
     if entries:
-        raise SessionTrashedError(session_id, entries, str(trash_dir(storage)))
+        raise SessionTrashedError(session_id, entries, ", ".join(str(trash_dir(storage) / e) for e in entries))
 
 
 # -- measuring ------------------------------------------------------------------------------------------
@@ -158,60 +144,6 @@ def sessions(storage: Path) -> list[SessionInfo]:
 
 
 # -- the ledger -----------------------------------------------------------------------------------------
-@dataclass
-class Entry:
-    """A trash entry as the ledger folds it: the ``trashed`` record's data, its seq and time, and its state
-    (``trashed``, ``trash_cancelled``, ``restored``, ``restore_cancelled`` (back in the trash) or ``purged``)."""
-
-    name: str
-    session_id: str
-    seq: int
-    trashed_at: datetime
-    data: dict[str, Any]
-    state: str = TRASHED
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def purge_after(self) -> datetime:
-        return datetime.fromisoformat(self.data["purge_after"])
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"entry": self.name, "session_id": self.session_id, "state": self.state,
-                "trashed_at": self.trashed_at.isoformat(), "purge_after": self.data["purge_after"],
-                "rule": self.data["rule"], "reason": self.data["reason"], "bytes": self.data["bytes"],
-                "log": self.data["log"], "policy": self.data["policy"], "ledger_seq": self.seq,
-                "history": self.history}
-
-
-def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
-    """The trash entries a ledger's records describe, by name. LedgerError for a record of an unknown type,
-    without the keys its type needs, or naming an entry out of order."""
-    entries: dict[str, Entry] = {}
-    for rec in records:
-        kind, data, seq = rec["type"], rec["data"], rec["seq"]
-        need = LEDGER_TYPES.get(kind)
-        if need is None:
-            raise LedgerError(f"{path}: seq {seq} is a {kind!r} record, which is not a ledger record (allowed: "
-                              f"{', '.join(LEDGER_TYPES)}); nothing was changed")
-        if not isinstance(data, dict) or any(k not in data for k in need):
-            raise LedgerError(f"{path}: seq {seq} ({kind}) lacks one of {', '.join(need)}; nothing was changed")
-        name = data["entry"]
-        if kind == TRASHED:
-            if name in entries or name != f"{data['session_id']}{ENTRY_SEP}{seq}":
-                raise LedgerError(f"{path}: seq {seq} trashes entry {name!r}, which is not "
-                                  f"'<session_id>{ENTRY_SEP}{seq}' or was used before; nothing was changed")
-            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data)
-            continue
-        entry = entries.get(name)
-        if entry is None:
-            raise LedgerError(f"{path}: seq {seq} ({kind}) names entry {name!r}, which no earlier record trashed; "
-                              "nothing was changed")
-        entry.state = kind
-        entry.history.append({"seq": seq, "type": kind, "ts": rec["ts"],
-                              **{k: v for k, v in data.items() if k not in ("entry", "session_id")}})
-    return entries
-
-
 class Ledger:
     """The retention ledger of a storage root, open for writing (holding ``.retention/lock``) or reading."""
 
