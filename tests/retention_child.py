@@ -9,6 +9,8 @@ the Nth time it is reached:
 - ``mid-delete``: a purge is deleting an entry's files (one file gone);
 - ``none``: run to the end.
 
+``apply-pg`` applies the same policy to a PostgreSQL schema (STORAGE is ``pg:DSN:SCHEMA``).
+
 It prints ``START`` before the operation and ``DONE`` after it. A test also kills it at random moments.
 """
 
@@ -68,6 +70,11 @@ def main(storage: str, op: str, point: str, nth: int) -> None:
         asyncio.run(trash.restore(storage, op.split(":", 1)[1]))
     elif op == "purge":
         asyncio.run(trash.purge(storage, force=True))
+    elif op == "apply-pg":  # STORAGE is pg:DSN:SCHEMA; one transaction per session, killed at random by the test
+        from context_persistent.pg.retention import apply_pg
+
+        dsn, schema = storage[3:].rsplit(":", 1)
+        asyncio.run(apply_pg(dsn, schema, RetentionPolicy(max_sessions=1)))
     else:
         raise SystemExit(f"unknown op {op}")
     _say("DONE")
