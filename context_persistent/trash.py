@@ -129,7 +129,7 @@ def describe(storage: Path, session_id: str) -> SessionInfo:
 
 def sessions(storage: Path) -> list[SessionInfo]:
     """Every session folder (one holding an ``events.jsonl``) in the storage root."""
-    out = []
+    out: list[SessionInfo] = []
     if not storage.is_dir():
         return out
     for d in sorted(storage.iterdir()):
