@@ -262,5 +262,62 @@ def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
     return entries
 
 
-__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES", "RetentionPolicy", "SessionInfo", "fold",
-           "plan", "purge_due"]
+# -- segment expiry: the ``expired`` event (docs/format.md, "Event types") -----------------------------------
+def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundary_crc: str, *,
+                 segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
+                 expired_at: str) -> dict[str, Any]:
+    """The data of an ``expired`` record for the records ``first_seq..last_seq`` (``boundary_crc``: the ``crc``
+    of the record at ``last_seq``, which the first surviving record names as its ``prev``).
+
+    ``boundary`` is the session's projection folded up to ``last_seq``, ``now`` the projection the record is
+    appended to. Carried (kept in every view): the messages of the range that are the leading system prompt
+    or pinned in ``now``. ``layout`` is ``boundary``'s history with each carried message by key and each run of
+    other messages as one placeholder (``system`` or ``other``: what the system-prompt rule needs to fold the
+    surviving records the same way)."""
+    from .projection import MAX_BATCH, make_key
+
+    low, high = make_key(first_seq), make_key(last_seq, MAX_BATCH - 1)
+    lead = now.leading_system_count()
+    keys = list(now.keys)
+    carried = [{"key": k, "message": now.messages[i]} for i, k in enumerate(keys)
+               if low <= k <= high and (i < lead or k in now.pinned)]
+    wanted = {c["key"] for c in carried}
+    layout: list[dict[str, Any]] = []
+    for k, m in zip(boundary.keys, boundary.messages):
+        if k in wanted:
+            layout.append({"key": k})
+            continue
+        run = "system" if m.get("role") == "system" else "other"
+        if not layout or layout[-1].get("run") != run:
+            layout.append({"run": run})
+    return {"first_seq": first_seq, "last_seq": last_seq, "boundary_crc": boundary_crc, "segments": segments,
+            "carried": carried, "layout": layout, "pinned": sorted(boundary.pinned & wanted),
+            "session": dict(boundary.session), "rule": rule, "reason": reason, "policy": policy,
+            "expired_at": expired_at}
+
+
+def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> Any:
+    """The projection of a log that begins after an ``expired`` record's range: seeded from the record
+    (:meth:`Projection.seeded`), then every later record folded, the chain checked from ``boundary_crc``
+    (ValueError at the first record that does not follow). ``records`` must include the ``expired`` record."""
+    from .codec import Links
+    from .projection import Projection
+
+    p = Projection.seeded(data)
+    links = Links(session_id, data["boundary_crc"], True)
+    expect = data["last_seq"] + 1
+    for rec in records:
+        if rec["seq"] <= data["last_seq"]:
+            continue
+        if rec["seq"] != expect:
+            raise ValueError(f"seq {rec['seq']} follows the expired range ending at {data['last_seq']}; expected {expect}")
+        problem = links.check(rec)
+        if problem is not None:
+            raise ValueError(f"record seq {rec['seq']} {problem}")
+        p.apply(rec)
+        expect += 1
+    return p
+
+
+__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES", "RetentionPolicy", "SessionInfo",
+           "expired_data", "fold", "fold_after_expiry", "plan", "purge_due"]
