@@ -16,6 +16,7 @@ finished. A session whose writer lock is held is never moved: the mover takes th
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import Any
 
 from . import codec
 from .errors import LedgerError, SessionLockedError, SessionTrashedError
-from .log import FileEventLog, FileLock
+from .log import FileEventLog, FileLock, data_end
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
 from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
                         RetentionPolicy, SessionInfo, fold, plan, purge_due)
@@ -77,7 +78,7 @@ def _sha256_file(path: Path) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), n
 
 
-def folder_bytes(folder: Path) -> tuple[int, int]:
+def folder_bytes(folder: Path | str) -> tuple[int, int]:
     """``(bytes, files)`` of every regular file under ``folder``."""
     total = files = 0
     for root, _, names in os.walk(folder):
@@ -91,12 +92,20 @@ def folder_bytes(folder: Path) -> tuple[int, int]:
     return total, files
 
 
-def _is_live(folder: Path) -> bool:
-    """Whether a writer holds the session's lock right now (probed with a shared, non-blocking flock)."""
-    import fcntl
+def _flat_bytes(folder: str) -> int:
+    """The bytes of the files directly in a session folder (where the store writes; no subfolders)."""
+    total = 0
+    with os.scandir(folder) as it:
+        for e in it:
+            if e.is_file(follow_symlinks=False):
+                total += e.stat(follow_symlinks=False).st_size
+    return total
 
+
+def _is_live(folder: str) -> bool:
+    """Whether a writer holds the session's lock right now (probed with a shared, non-blocking flock)."""
     try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -108,38 +117,61 @@ def _is_live(folder: Path) -> bool:
     return False
 
 
-def last_record(folder: Path, session_id: str) -> dict[str, Any] | None:
+def _last_line(fd: int, end: int) -> bytes | None:
+    """The last newline-terminated line before byte ``end`` of an open log (None if there is none)."""
+    back = 0
+    while True:
+        back = min(end, max(back * 16, 4096))
+        chunk = os.pread(fd, back, end - back)
+        if not chunk.endswith(b"\n"):
+            return None
+        start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+        if start > 0 or back == end:
+            return chunk[start:] if chunk[start:].strip() else None
+
+
+def last_record(folder: Path | str, session_id: str = "") -> dict[str, Any] | None:
     """The last valid record of a session's log (None if its end is torn or the log is empty)."""
-    log = FileEventLog(folder, session_id, readonly=True)
-    return log.record_before(log.size)
+    fd = os.open(os.path.join(folder, LOG_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        line = _last_line(fd, data_end(fd))
+    finally:
+        os.close(fd)
+    if line is None:
+        return None
+    try:
+        return codec.decode(line)
+    except codec.RecordError:
+        return None
 
 
-def describe(storage: Path, session_id: str) -> SessionInfo:
+def describe(storage: Path | str, session_id: str) -> SessionInfo:
     """A session as a policy sees it: last activity is the time of its last record (the log file's
     modification time if its last record is torn), size is every file in its folder."""
-    folder = storage / session_id
-    rec = last_record(folder, session_id)
+    folder = os.path.join(storage, session_id)
+    rec = last_record(folder)
     if rec is not None:
         when = datetime.fromisoformat(rec["ts"])
     else:
-        when = datetime.fromtimestamp(os.stat(folder / LOG_NAME).st_mtime, timezone.utc)
-    size, _ = folder_bytes(folder)
-    return SessionInfo(session_id, when, size, _is_live(folder))
+        when = datetime.fromtimestamp(os.stat(os.path.join(folder, LOG_NAME)).st_mtime, timezone.utc)
+    return SessionInfo(session_id, when, _flat_bytes(folder), _is_live(folder))
 
 
-def sessions(storage: Path) -> list[SessionInfo]:
+def sessions(storage: Path | str) -> list[SessionInfo]:
     """Every session folder (one holding an ``events.jsonl``) in the storage root."""
     out: list[SessionInfo] = []
-    if not storage.is_dir():
+    try:
+        entries = sorted(e.name for e in os.scandir(storage) if e.is_dir() and not e.name.startswith("."))
+    except FileNotFoundError:
         return out
-    for d in sorted(storage.iterdir()):
-        if d.name.startswith(".") or not (d / LOG_NAME).is_file():
+    for name in entries:
+        if not os.path.isfile(os.path.join(storage, name, LOG_NAME)):
             continue
         try:
-            validate_session_id(d.name)
+            validate_session_id(name)
         except ValueError:
             continue
-        out.append(describe(storage, d.name))
+        out.append(describe(storage, name))
     return out
 
 
