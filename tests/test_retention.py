@@ -149,6 +149,14 @@ async def test_trashed_session_does_not_open_and_restore_brings_it_back(storage:
             await PersistentContextManager.open(storage_path=storage, session_id="gone", readonly=readonly)
         assert "gone~1" in str(e.value) and "trash restore gone~1" in str(e.value)
     assert not (storage / "gone").exists()  # the refused open created nothing
+    from context_persistent.transfer import import_
+
+    src = await PersistentContextManager.open(storage_path=storage, session_id="stays", readonly=True)
+    with pytest.raises(SessionTrashedError):  # nor does an import or fork take the id
+        await src.fork("gone")
+    await src.close()
+    with pytest.raises(SessionTrashedError):
+        await import_(storage / "stays" / "events.jsonl", session_id="gone", storage_path=storage)
     listed = await trash.list_trash(storage)
     assert [(r["entry"], r["state"], r["present"]) for r in listed] == [("gone~1", "trashed", True)]
     data = await trash.restore(storage, "gone")
