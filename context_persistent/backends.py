@@ -38,4 +38,25 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
                         reserve_tail=cfg.get("reserve_tail", False))
 
 
-__all__ = ["BACKENDS", "open_log"]
+async def apply_retention(storage_path: Path, session_id: str, cfg: dict[str, Any]) -> None:
+    """``retention.apply_on_open``: apply the policy to the other sessions of the backend ``cfg`` selects before
+    ``session_id`` opens (docs/operations.md, "Retention"); what moved is logged at INFO."""
+    import logging
+
+    if cfg.get("backend", "file") == "postgres":
+        from .pg.retention import apply_on_open as apply_pg
+
+        report = await apply_pg(cfg.get("dsn"), cfg.get("pg_schema"), cfg["retention"], session_id)
+    else:
+        from .trash import apply_on_open
+
+        report = await apply_on_open(storage_path, cfg["retention"], session_id)
+    logger = logging.getLogger("context_persistent")
+    if report is None:
+        logger.info("retention on open skipped: another process is applying retention to %s", storage_path)
+    elif report["trashed"]:
+        logger.info("retention on open moved %d session(s) to the trash: %s", len(report["trashed"]),
+                    ", ".join(f"{t['session_id']} ({t['rule']})" for t in report["trashed"]))
+
+
+__all__ = ["BACKENDS", "apply_retention", "open_log"]
