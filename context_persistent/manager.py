@@ -34,19 +34,30 @@ if TYPE_CHECKING:
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
 
 
-class _Kept:
-    """An attribute of the store kept by one of its parts: ``store.<name>`` reads and sets ``part.<attr>``."""
+def _kept(part: str, attr: str, doc: str | None = None) -> Any:
+    """A store attribute kept by one of its parts: ``store.<name>`` reads and sets ``<part>.<attr>``."""
 
-    def __init__(self, part: str, attr: str, class_value: Any = None) -> None:
-        self.part, self.attr, self.class_value = part, attr, class_value
+    def get(store: Any) -> Any:
+        return getattr(getattr(store, part), attr)
 
-    def __get__(self, store: Any, owner: Any = None) -> Any:
-        if store is None:
-            return self.class_value if self.class_value is not None else self
-        return getattr(store.__dict__[self.part], self.attr)
+    def put(store: Any, value: Any) -> None:
+        setattr(getattr(store, part), attr, value)
 
-    def __set__(self, store: Any, value: Any) -> None:
-        setattr(store.__dict__[self.part], self.attr, value)
+    get.__doc__ = doc
+    return property(get, put)
+
+
+class _Limit:
+    """A class-level number the request views read, which tests lower on one store."""
+
+    def __init__(self, part: str, attr: str, default: int) -> None:
+        self.part, self.attr, self.default = part, attr, default
+
+    def __get__(self, store: Any, owner: Any = None) -> int:
+        return self.default if store is None else getattr(getattr(store, self.part), self.attr)  # type: ignore[no-any-return]
+
+    def __set__(self, store: Any, value: int) -> None:
+        setattr(getattr(store, self.part), self.attr, value)
 
 
 class PersistentContextManager:
@@ -62,25 +73,27 @@ class PersistentContextManager:
     ``last_compaction`` (the stats of the last compaction that changed the request view, or None).
     """
 
-    session_id = _Kept("_s", "session_id")
-    storage_path = _Kept("_s", "storage_path")
-    config = _Kept("_s", "config")
-    hooks = _Kept("_s", "hooks")
-    recovered = _Kept("_s", "recovered")
-    last_compaction = _Kept("_s", "last_compaction")
+    session_id = _kept("_s", "session_id", "The session's id: its folder name under ``storage_path``.")
+    storage_path = _kept("_s", "storage_path", "The root folder of the sessions (a Path).")
+    config = _kept("_s", "config", "The checked configuration (what ``check_config`` returns).")
+    hooks = _kept("_s", "hooks", "The host's hooks (their ``emit`` receives the store's events), or None.")
+    recovered = _kept("_s", "recovered", "The torn last record cut at open (where it was, its length, where "
+                      "its bytes were saved), or None.")
+    last_compaction = _kept("_s", "last_compaction", "The stats of the last compaction that changed the request "
+                            "view (as ``stats()['last_compaction']`` shows them), or None.")
     #: A rebuild of a history at least this long reads only the newest messages that can fit the budget
     #: (plus what must be kept): compaction/window.py. Tests lower it.
-    WINDOW_MIN_MESSAGES = _Kept("_views", "window_min", 4096)
+    WINDOW_MIN_MESSAGES = _Limit("_views", "window_min", 4096)
     # What hooks, tools and tests reach for: the host's prompt factory (hooks wrap it), the state and the log.
-    _system_prompt_factory = _Kept("_prompt", "factory")
-    _state = _Kept("_s", "state")
-    _log = _Kept("_s", "log")
-    _counter = _Kept("_s", "counter")
-    _checkpoints = _Kept("_s", "checkpoints")
-    _epoch = _Kept("_s", "epoch")
-    _loaded_from_file = _Kept("_s", "loaded_from_file")
-    _view_cache = _Kept("_views", "cache")
-    _deferred = _Kept("_writer", "deferred")
+    _system_prompt_factory = _kept("_prompt", "factory")
+    _state = _kept("_s", "state")
+    _log = _kept("_s", "log")
+    _counter = _kept("_s", "counter")
+    _checkpoints = _kept("_s", "checkpoints")
+    _epoch = _kept("_s", "epoch")
+    _loaded_from_file = _kept("_s", "loaded_from_file")
+    _view_cache = _kept("_views", "cache")
+    _deferred = _kept("_writer", "deferred")
 
     def __init__(self, *, storage_path: Path, session_id: str, log: EventLog, config: dict[str, Any],
                  hooks: Any = None) -> None:
