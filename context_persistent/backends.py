@@ -35,7 +35,8 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
         check_not_trashed(Path(storage_path), session_id)
     return FileEventLog(folder, session_id, readonly=readonly,
                         fsync=cfg.get("fsync", "always"), create=create,
-                        reserve_tail=cfg.get("reserve_tail", False))
+                        reserve_tail=cfg.get("reserve_tail", False), segment_bytes=cfg.get("segment_bytes"),
+                        compress_sealed=cfg.get("compress_sealed", False))
 
 
 async def apply_retention(storage_path: Path, session_id: str, cfg: dict[str, Any]) -> None:

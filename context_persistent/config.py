@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from .backends import BACKENDS
-from .log import FSYNC_MODES
+from .log import FSYNC_MODES, SEGMENT_BYTES, check_segment_bytes
 from .tokens import DEFAULT_ENCODING, resolve_tokenizer
 
 #: Every configuration key the store understands, with its default (see docs/configuration.md).
 DEFAULTS: dict[str, Any] = {
     "fsync": "always",
     "reserve_tail": False,
+    "segment_bytes": SEGMENT_BYTES,
+    "compress_sealed": False,
+    "roll_on_compaction": False,
     "tokenizer": DEFAULT_ENCODING,
     "max_tokens": 200_000,
     "safety_margin": 1000,
@@ -62,7 +65,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "max_tokens")
     _positive_int(cfg, "safety_margin", 0)
     _positive_int(cfg, "checkpoint_every")
-    for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
+    cfg["segment_bytes"] = check_segment_bytes(cfg["segment_bytes"])
+    for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail", "compress_sealed",
+                 "roll_on_compaction"):
         if not isinstance(cfg[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
     _positive_int(cfg, "export_on_compact_every")

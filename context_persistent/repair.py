@@ -43,7 +43,10 @@ from . import codec
 from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
+from .errors import LogCorruptedError
 from .log import FileLock, crash_leaves, data_size
+from .segment_store import read_segment
+from .segments import LogReader, sha256_hex
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import Projection
 from .semantic import Finding, check as semantic_check
@@ -58,7 +61,8 @@ _MAX_LISTED = 100  # quarantined pieces listed in the audit event (all are in th
 
 @dataclass
 class Problem:
-    """One finding: ``kind`` (corrupt, torn, seq, unloadable), where it is, and why."""
+    """One finding: ``kind`` (corrupt, torn, seq, link, session, unloadable, segment), where it is (line and
+    byte offset in the whole log: global positions for a segmented log), and why."""
 
     kind: str
     line: int
@@ -72,7 +76,8 @@ class Problem:
 
     def describe(self) -> str:
         what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
-                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log"}[self.kind]
+                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log",
+                "segment": "damaged sealed segment"}[self.kind]
         text = f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
         return text + (f"; {self.lost}" if self.lost else "")
 
@@ -130,6 +135,8 @@ class Report:
     writer_pid: int | None = None
     #: Semantic findings on the history the log folds into (semantic.py): tool-call pairing and order.
     semantic: list[Finding] = field(default_factory=list)
+    #: The sealed segments' files, in order (empty for a single-file log); each was checked (check_segments).
+    segments: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -162,6 +169,48 @@ class RepairResult:
 
 
 # -- the walk (shared by verify and repair) ----------------------------------------------------------
+def _reader_lines(reader: LogReader, size: int, skip: list[Problem]) -> Iterator[tuple[int, int, bytes]]:
+    """As :func:`_lines` across a segmented log (global offsets; lines counted over the whole log), leaving out
+    the sealed segments in ``skip`` (damaged: reported on their own; their seqs show as a gap)."""
+    n = 0
+    ranges = [(s.start, s.end) for s in reader.segments if not any(p.offset == s.start for p in skip)]
+    ranges.append((reader.base, size))
+    for start, end in ranges:
+        for offset, line in reader.lines(start, end):
+            n += 1
+            yield n, offset, line
+
+
+def check_segments(reader: LogReader) -> list[Problem]:
+    """Each sealed segment against its manifest entry: the file's SHA-256 (and, compressed, that every frame
+    decompresses to the recorded bytes), its size, and its first and last record's seq and crc."""
+    problems = []
+    for seg in reader.segments:
+        path = reader.directory / seg.file
+        try:
+            data = read_segment(reader.directory, seg)
+            if seg.compressed is not None:
+                with open(path, "rb") as f:
+                    blob = f.read()
+                if sha256_hex(blob) != seg.compressed.sha256:
+                    raise ValueError(f"the compressed file's SHA-256 is not {seg.compressed.sha256}")
+                for i in range(len(seg.compressed.frames)):  # every frame on its own, as random reads use them
+                    reader.segment_file(reader.segments.index(seg)).frame(i)
+            first = codec.decode(data[: data.index(b"\n") + 1])
+            last = codec.decode(data[data.rindex(b"\n", 0, len(data) - 1) + 1:])
+            if (first["seq"], first["crc"], last["seq"], last["crc"]) != (seg.first_seq, seg.first_crc,
+                                                                          seg.last_seq, seg.last_crc):
+                raise ValueError(f"it holds seqs {first['seq']}..{last['seq']} (crc {first['crc']}..{last['crc']}), "
+                                 f"the manifest says {seg.first_seq}..{seg.last_seq} "
+                                 f"({seg.first_crc}..{seg.last_crc})")
+        except (OSError, ValueError, LogCorruptedError, codec.RecordError) as e:
+            reason = e.reason if isinstance(e, LogCorruptedError) else str(e)
+            problems.append(Problem("segment", 0, seg.start, seg.size, f"{seg.file}: {reason}", seg.first_seq,
+                                    lost=f"seqs {seg.first_seq}..{seg.last_seq} cannot be trusted until it is "
+                                         "restored from a backup"))
+    return problems
+
+
 def _lines(path: Path, size: int) -> Iterator[tuple[int, int, bytes]]:
     """``(line number, offset, bytes)`` of each line within the first ``size`` bytes."""
     with open(path, "rb") as f:
@@ -181,8 +230,10 @@ class _Walk:
 
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None, session_id: str = "") -> None:
+                 progress: Callable[[int, int], None] | None = None, session_id: str = "",
+                 lines: Iterator[tuple[int, int, bytes]] | None = None) -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.lines = lines if lines is not None else _lines(path, size)
         self.root = codec.root_crc(session_id).decode()
         self.last_crc: str | None = None  # of the last kept record: the next one must name it (prev)
         self.chained = False
@@ -201,7 +252,7 @@ class _Walk:
 
     def run(self) -> "_Walk":
         progress = self.progress
-        for n, offset, line in _lines(self.path, self.size):
+        for n, offset, line in self.lines:
             if progress is not None and not n & 0xFFF:
                 progress(offset, self.size)
             if line[-1:] != b"\n":
@@ -428,10 +479,20 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     """Read the whole log (never taking the lock) and report every problem; see the module docstring.
 
     ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it)."""
-    path = _log_path(directory, session_id)
-    size = data_size(path)  # a writer may append meanwhile: we check what was there when we started
-    status, on_record, finish = _check_checkpoint(directory, session_id)
-    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id).run()
+    try:
+        reader = LogReader(directory, session_id)
+    except FileNotFoundError:
+        raise SessionNotFoundError(f"session {session_id!r} not found: no {directory / LOG_NAME}") from None
+    with reader:
+        path = directory / LOG_NAME
+        size = reader.end()  # a writer may append meanwhile: we check what was there when we started
+        segment_problems = check_segments(reader)
+        status, on_record, finish = _check_checkpoint(directory, session_id)
+        lines = _reader_lines(reader, size, segment_problems) if reader.segments else None
+        walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id,
+                     lines=lines).run()
+        walk.problems[:0] = segment_problems
+        segment_files = [seg.file for seg in reader.segments]
     finish(walk)
     pid = writer_pid(directory)
     findings: list[Finding] = []
@@ -444,7 +505,8 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
                     f.detail += " (the history has bad records above: check again after `repair`)"
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
-                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings)
+                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings,
+                  segments=segment_files)
 
 
 # -- repair ------------------------------------------------------------------------------------------

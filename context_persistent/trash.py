@@ -175,6 +175,18 @@ def sessions(storage: Path | str) -> list[SessionInfo]:
     return out
 
 
+def _manifest_digest(folder: Path) -> dict[str, Any] | None:
+    """``{bytes, sha256}`` of a segmented session's manifest (which holds each sealed segment's SHA-256), or
+    None for a single-file log."""
+    from .segments import MANIFEST_NAME
+
+    path = folder / MANIFEST_NAME
+    if not path.exists():
+        return None
+    digest, size = _sha256_file(path)
+    return {"bytes": size, "sha256": digest}
+
+
 # -- the ledger -----------------------------------------------------------------------------------------
 class Ledger:
     """The retention ledger of a storage root, open for writing (holding ``.retention/lock``) or reading."""
@@ -310,7 +322,8 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
         data = {"entry": name, "session_id": sid, "rule": expiry.rule, "reason": expiry.reason,
                 "policy": policy.as_dict(), "last_activity": expiry.session.last_activity.isoformat(),
                 "last_seq": rec["seq"] if rec else None, "bytes": total, "files": files,
-                "log": {"bytes": size, "sha256": digest}, "grace_days": policy.grace_days,
+                "log": {"bytes": size, "sha256": digest}, "manifest": _manifest_digest(folder),
+                "grace_days": policy.grace_days,
                 "purge_after": (now + timedelta(days=policy.grace_days)).isoformat()}
         await ledger.append(TRASHED, data)
         _rename(folder, trash_dir(storage) / name)
@@ -401,9 +414,11 @@ async def restore(storage: str | os.PathLike[str], name: str) -> dict[str, Any]:
             raise ValueError(f"cannot restore {entry.name}: {dst} exists (a new session under the same id); move "
                              "or remove that session first")
         digest, size = _sha256_file(src / LOG_NAME)
-        if digest != entry.data["log"]["sha256"]:
-            raise LedgerError(f"trash entry {entry.name}: its log's SHA-256 is {digest}, the ledger recorded "
-                              f"{entry.data['log']['sha256']}: it changed in the trash; nothing was restored")
+        manifest = _manifest_digest(src)
+        if digest != entry.data["log"]["sha256"] or manifest != entry.data.get("manifest"):
+            what = "log" if digest != entry.data["log"]["sha256"] else "segment manifest"
+            raise LedgerError(f"trash entry {entry.name}: its {what} differs from what the ledger recorded (SHA-256): "
+                              "it changed in the trash; nothing was restored")
         data = {"entry": entry.name, "session_id": entry.session_id, "log": {"bytes": size, "sha256": digest}}
         await ledger.append(RESTORED, data)
         _rename(src, dst)

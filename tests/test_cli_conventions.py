@@ -120,7 +120,8 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "import": ["import", str(REFERENCE), "imp"], "fork": ["fork", "ref", "forked"],
         "verify": ["verify", "ref"], "repair": ["repair", "ref"],
         "retention": ["retention", "plan", "--max-sessions", "5"], "trash": ["trash", "list"],
-        "erase": ["erase", "ref", "--seq", "2"],  # (last: it changes the session)
+        "erase": ["erase", "ref", "--seq", "2"],  # (last: they change the session)
+        "migrate": ["migrate", "ref"],
     }
     refused = {"demo": ["demo"]}
     assert set(runs) | set(refused) | {"db"} == set(_subparsers(build_parser()))  # db: test_postgres.py

@@ -336,3 +336,32 @@ def test_cli_plan_apply_list_restore_purge(storage: Path, subprocess_env: dict[s
     assert r.returncode == 2 and "give at least one limit" in r.stderr
     r = _cli(subprocess_env, "retention", "plan", "--max-sessions", "-2", *s)
     assert r.returncode == 2 and "max_sessions must be a whole number ≥ 0" in r.stderr
+
+
+async def test_a_segmented_session_moves_and_comes_back_whole(storage: Path) -> None:
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg", segment_bytes=4096)
+    msgs = [{"role": "user", "content": f"message {i} " + "s" * 300} for i in range(60)]
+    for m in msgs:
+        await store.add_message(m)
+    await store.close()
+    await _make(storage, "newer")
+    names = sorted(p.name for p in (storage / "seg").iterdir())
+    assert "segments.json" in names and any(n.startswith("segment-") for n in names)
+    report = await trash.apply_file(storage, RetentionPolicy(max_sessions=1))
+    assert [t["session_id"] for t in report["trashed"]] == ["seg"]
+    entry = storage / ".retention" / "trash" / "seg~1"
+    assert sorted(p.name for p in entry.iterdir() if p.name != "lock") == [n for n in names if n != "lock"]
+    [rec] = _ledger(storage)
+    assert rec["data"]["manifest"]["sha256"] == _sha(entry / "segments.json")
+    assert rec["data"]["bytes"] >= 60 * 300
+    # a changed segment manifest is refused at restore; the original comes back whole
+    original = (entry / "segments.json").read_bytes()
+    os.chmod(entry / "segments.json", 0o600)
+    (entry / "segments.json").write_bytes(original + b" ")
+    with pytest.raises(LedgerError, match="segment manifest differs"):
+        await trash.restore(storage, "seg")
+    (entry / "segments.json").write_bytes(original)
+    await trash.restore(storage, "seg")
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    assert await store.get_messages() == msgs
+    await store.close()
