@@ -365,3 +365,38 @@ async def test_a_segmented_session_moves_and_comes_back_whole(storage: Path) -> 
     store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
     assert await store.get_messages() == msgs
     await store.close()
+
+
+async def test_a_writer_that_opened_the_folder_just_before_it_was_trashed_does_not_write_there(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: a writer has the session folder open (its descriptor) when retention moves it to the trash;
+    after taking the lock it finds the folder gone from its place and refuses, writing nothing in the trash."""
+    import context_persistent.log as log_module
+
+    await _make(storage, "racy")
+    await _make(storage, "newer")
+    real = log_module.FileLock
+    moved = []
+
+    def lock_after_the_move(path: Path, session_id: str, dir_fd: int | None = None) -> Any:
+        if session_id == "racy" and not moved:
+            moved.append(True)
+            os.rename(storage / "racy", storage / ".retention" / "trash" / "racy~1")
+        return real(path, session_id, dir_fd)
+
+    ledger = await trash.Ledger.open(storage)  # record the move the way apply does, then let the writer race it
+    digest = _sha(storage / "racy" / "events.jsonl")
+    await ledger.append("trashed", {"entry": "racy~1", "session_id": "racy", "rule": "max_sessions",
+                                    "reason": "test", "policy": {}, "log": {"bytes": 0, "sha256": digest},
+                                    "manifest": None, "bytes": 0, "purge_after": T0.isoformat()})
+    await ledger.close()
+    monkeypatch.setattr(log_module, "FileLock", lock_after_the_move)
+    with pytest.raises(SessionTrashedError, match="racy~1"):
+        await PersistentContextManager.open(storage_path=storage, session_id="racy")
+    assert moved and not (storage / "racy").exists()
+    assert _sha(storage / ".retention" / "trash" / "racy~1" / "events.jsonl") == digest
+    monkeypatch.setattr(log_module, "FileLock", real)
+    await trash.restore(storage, "racy")
+    store = await PersistentContextManager.open(storage_path=storage, session_id="racy")
+    assert len(await store.get_messages()) == 3
+    await store.close()
