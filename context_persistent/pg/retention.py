@@ -134,20 +134,21 @@ async def _open(dsn: str | None, schema: str | None, *, write: bool) -> _Store:
     return store
 
 
-async def _sessions(store: _Store) -> list[SessionInfo]:
+async def _sessions(store: _Store, measure: bool = True) -> list[SessionInfo]:
     """Every session of the schema: last activity = its ``updated_at`` (the time of its last append), size =
-    its records' bytes (as a file log), live = a writer holds its advisory lock."""
+    its records' bytes (as a file log; reading every record's length, so only when ``measure``, else 0), live =
+    a writer holds its advisory lock."""
     if await store.conn.fetchval("SELECT to_regclass($1) IS NULL", f"{store.schema}.sessions"):
         return []
+    size = ("coalesce((SELECT sum(octet_length(e.record) + 1) FROM {s}.events e WHERE e.session_id = s.session_id), 0)"
+            if measure else "0")
     rows = await store.conn.fetch(store.q(
-        """SELECT s.session_id, s.updated_at,
-                  coalesce((SELECT sum(octet_length(e.record) + 1) FROM {s}.events e
-                            WHERE e.session_id = s.session_id), 0) AS bytes,
+        """SELECT s.session_id, s.updated_at, {size} AS bytes,
                   EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
                           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                           AND l.classid = ((s.lock_key >> 32) & 4294967295)::bigint::oid
                           AND l.objid = (s.lock_key & 4294967295)::bigint::oid) AS live
-           FROM {s}.sessions s ORDER BY s.session_id"""))
+           FROM {s}.sessions s ORDER BY s.session_id""".replace("{size}", size)))
     return [SessionInfo(r["session_id"], r["updated_at"], int(r["bytes"]), r["live"]) for r in rows]
 
 
@@ -214,14 +215,15 @@ async def _rollback(store: _Store) -> None:
 
 
 async def apply_pg(dsn: str | None, schema: str | None, policy: RetentionPolicy, *, now: datetime | None = None,
-                   exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+                   exclude: frozenset[str] = frozenset(), measure: bool = True) -> dict[str, Any]:
     """Apply ``policy`` to a PostgreSQL schema: each expired session that no writer holds moves to the trash
-    tables with its ledger record, one transaction each. Returns ``{plan, trashed, skipped, reconciled}``."""
+    tables with its ledger record, one transaction each. Returns ``{plan, trashed, skipped, reconciled}``.
+    ``measure`` False: sessions' sizes are read only if the policy has ``max_bytes`` (apply on open)."""
     store = await _open(dsn, schema, write=True)
     try:
         with translated(f"applying retention in schema {store.schema!r}"):
             when = _now(now)
-            p = plan(policy, await _sessions(store), when, exclude)
+            p = plan(policy, await _sessions(store, measure or policy.max_bytes is not None), when, exclude)
             trashed = []
             skipped = [{"session_id": e.session_id, "rule": e.rule, "why": "live: a writer holds it"} for e in p.live]
             for expiry in p.expire:
@@ -337,7 +339,7 @@ async def apply_on_open(dsn: str | None, schema: str | None, policy: RetentionPo
     """``apply_on_open`` on PostgreSQL: the policy over the other sessions; None if another process holds the
     ledger lock."""
     try:
-        return await apply_pg(dsn, schema, policy, exclude=frozenset({session_id}))
+        return await apply_pg(dsn, schema, policy, exclude=frozenset({session_id}), measure=False)
     except SessionLockedError:
         return None
 
