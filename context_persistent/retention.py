@@ -310,7 +310,8 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
         if rec["seq"] <= data["last_seq"]:
             continue
         if rec["seq"] != expect:
-            raise ValueError(f"seq {rec['seq']} follows the expired range ending at {data['last_seq']}; expected {expect}")
+            raise ValueError(f"seq {rec['seq']} follows the expired range ending at {data['last_seq']}; "
+                             f"expected {expect}")
         problem = links.check(rec)
         if problem is not None:
             raise ValueError(f"record seq {rec['seq']} {problem}")
@@ -319,5 +320,5 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
     return p
 
 
-__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES", "RetentionPolicy", "SessionInfo",
-           "expired_data", "fold", "fold_after_expiry", "plan", "purge_due"]
+__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
+           "RetentionPolicy", "SessionInfo", "expired_data", "fold", "fold_after_expiry", "plan", "purge_due"]

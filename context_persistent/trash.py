@@ -1,7 +1,7 @@
 """Retention on the file backend: the ledger, the trash folder, and applying a policy (I/O; retention.py
 decides what expires).
 
-Layout (docs/format.md, "Retention"): ``<storage>/.retention/`` (0700) holds ``events.jsonl``, the retention
+Layout (docs/format.md, the storage tree and "The retention ledger"): ``<storage>/.retention/`` (0700) holds ``events.jsonl``, the retention
 ledger (a chained, CRC-checked log like a session's, read and written through ``FileEventLog``; its ``lock``
 is held by whoever changes the trash), and ``trash/<session_id>~<ledger seq>/``, each an expired session
 folder moved there whole by one ``rename``.
@@ -38,6 +38,7 @@ TRASH_DIR = "trash"
 LEDGER_ID = ".retention"
 #: A trash entry being purged is renamed to this prefix first, so a half-deleted folder is never listed.
 PURGING = ".purging-"
+
 
 def retention_dir(storage: Path) -> Path:
     return storage / RETENTION_DIR

@@ -182,7 +182,8 @@ def _count(text: str) -> int:
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("retention", parents=[common], help="apply a retention policy: expired sessions go to the trash, recorded",
+    p = sub.add_parser("retention", parents=[common],
+                       help="apply a retention policy: expired sessions go to the trash, recorded",
                        description=__doc__, epilog=EXAMPLES, formatter_class=fmt)
     rs = p.add_subparsers(dest="retention_command", metavar="RETENTION_COMMAND", parser_class=type(p))
     for name, func, text in (("plan", run_plan, "what a policy would expire and why (changes nothing)"),
@@ -200,7 +201,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         q.set_defaults(func=func)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
-    t = sub.add_parser("trash", parents=[common], help="list, restore or purge the sessions retention moved to the trash",
+    t = sub.add_parser("trash", parents=[common],
+                       help="list, restore or purge the sessions retention moved to the trash",
                        description=__doc__, epilog=EXAMPLES, formatter_class=fmt)
     ts = t.add_subparsers(dest="trash_command", metavar="TRASH_COMMAND", parser_class=type(t))
     q = ts.add_parser("list", parents=[common], help="the entries in the trash", epilog=EXAMPLES, formatter_class=fmt)

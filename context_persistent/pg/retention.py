@@ -93,8 +93,8 @@ class _Store:
                 raise LedgerError(f"{self.where}: row seq {row['seq']} is corrupt ({e}); nothing was changed") from None
             problem = links.check(rec)
             if rec["seq"] != row["seq"] or problem is not None:
-                raise LedgerError(f"{self.where}: row seq {row['seq']} {problem or 'holds record seq ' + str(rec['seq'])}"
-                                  "; nothing was changed")
+                what = problem or f"holds record seq {rec['seq']}"
+                raise LedgerError(f"{self.where}: row seq {row['seq']} {what}; nothing was changed")
             records.append(rec)
         self.records = records
         self.entries = fold(records, self.where)
@@ -288,8 +288,9 @@ async def restore_pg(dsn: str | None, schema: str | None, name: str) -> dict[str
                                       "from the trash table; nothing was restored")
                 digest, size, _ = await _log_digest(store, "trash_events", "entry", entry.name)
                 if digest != entry.data["log"]["sha256"]:
-                    raise LedgerError(f"trash entry {entry.name}: its records' SHA-256 is {digest}, the ledger recorded "
-                                      f"{entry.data['log']['sha256']}: they changed in the trash; nothing was restored")
+                    raise LedgerError(f"trash entry {entry.name}: its records' SHA-256 is {digest}, the ledger "
+                                      f"recorded {entry.data['log']['sha256']}: they changed in the trash; nothing "
+                                      "was restored")
                 data = {"entry": entry.name, "session_id": entry.session_id, "log": {"bytes": size, "sha256": digest}}
                 await store.append(RESTORED, data)
                 await conn.execute(store.q("INSERT INTO {s}.sessions (session_id, lock_key, last_seq, created_at, "
