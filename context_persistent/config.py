@@ -92,6 +92,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"reserve_tail applies to the file backend with fsync='always' only; got "
                          f"backend={cfg['backend']!r}, fsync={cfg['fsync']!r} (docs/format.md, "
                          "'The reserved tail')")
+    if cfg["backend"] != "file" and (cfg["compress_sealed"] or cfg["roll_on_compaction"]):
+        raise ValueError(f"compress_sealed and roll_on_compaction apply to the file backend only (its log segments; "
+                         f"docs/operations.md, 'Segments'); got backend={cfg['backend']!r}")
     if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
         raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
     if cfg["backend"] == "postgres":

@@ -54,6 +54,8 @@ class _Cursor:
         self.ino: int | None = None
         #: The global position where the active segment started when last read (segments.py).
         self.base = 0
+        #: The sealed segments (name, checksum) when the active file was last read: a roll only adds to them.
+        self.sealed: tuple[tuple[str, str], ...] = ()
         #: True until the first record after ``last_seq`` is reached: records up to it are skipped.
         self.syncing = True
         self._expect: str | None = None
@@ -74,6 +76,11 @@ class _Cursor:
         except FileNotFoundError:
             return [], False
         with reader:
+            sealed = tuple((seg.name, seg.sha256) for seg in reader.segments)
+            if sealed[:len(self.sealed)] != self.sealed:
+                self._restart()  # a sealed segment was rewritten (an erasure): read it all again
+                self.sealed = sealed
+                return [], True
             base = reader.base
             if self.offset < base:  # behind the active segment: read on through the sealed ones
                 return self._read_sealed(reader, base)
@@ -82,10 +89,11 @@ class _Cursor:
                 return [], False  # (a roll between its steps: the next look sees the new active segment)
             st = os.fstat(fd)
             rel = self.offset - base
-            if self.ino is not None and ((st.st_ino != self.ino and base == self.base) or st.st_size < rel):
+            # A new active file after a roll is expected; with the same sealed segments, it was rewritten.
+            if self.ino is not None and ((st.st_ino != self.ino and sealed == self.sealed) or st.st_size < rel):
                 self._restart()  # the file was replaced or cut below what we reported: read it all again
                 return [], True
-            self.ino, self.base = st.st_ino, base
+            self.ino, self.base, self.sealed = st.st_ino, base, sealed
             want = st.st_size - rel
             if want <= 0:
                 return [], False

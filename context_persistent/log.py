@@ -1,5 +1,10 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
+That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
+it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
+is a single file, as every log was before segments.
+
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
 0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
@@ -29,7 +34,7 @@ from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, Session
                      SessionTrashedError, UnsafeStorageError)
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
-from .segment_store import compress_segment, recover, seal_active
+from .segment_store import compress_segment, recover, replace_segments, seal_active
 from .segments import LogReader, Manifest, Segment
 
 logger = logging.getLogger("context_persistent")
@@ -253,7 +258,8 @@ def _check_not_moved(directory: Path, dir_fd: int, session_id: str, lock: FileLo
 
 
 class FileEventLog:
-    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl``.
+    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl`` and the
+    sealed segments before it.
 
     The constructor takes the writer lock (unless ``readonly``) and creates the file with mode 0600,
     fsyncing it into its folder. Not thread-safe; one owner per instance.
@@ -691,6 +697,28 @@ class FileEventLog:
         self._fd = fd
         self.size = self._reserved = size
         fsync_dir(self.directory)
+
+    def replace_segments(self, new_data: dict[int, bytes], active_tmp: str | None) -> None:
+        """Replace sealed segments' contents (index -> new bytes of the same length and records) and, with
+        ``active_tmp``, the active segment by that complete, fsynced temp file in the session folder, in one
+        commit (segment_store.replace_segments), and continue writing to the new active file."""
+        if self.readonly or self._fd < 0 or self.manifest is None:
+            raise LogWriteError(str(self.path), "replace", OSError(errno.EBADF, "log is not open for writing"))
+        fd = -1
+        if active_tmp is not None:
+            fd = os.open(self.directory / active_tmp, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self.manifest = replace_segments(self.directory, self.manifest, new_data, active_tmp)
+            self.base = self.manifest.base
+        except BaseException as e:
+            if fd >= 0:
+                os.close(fd)
+            self._broken = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))  # (reopen recovers)
+            raise
+        if fd >= 0:
+            os.close(self._fd)
+            self._fd = fd
+            self.size = self._reserved = os.fstat(fd).st_size
 
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:

@@ -46,7 +46,8 @@ from .errors import SessionNotFoundError
 from .errors import LogCorruptedError
 from .log import FileLock, crash_leaves, data_size
 from .segment_store import read_segment
-from .segments import LogReader, sha256_hex
+from .segment_store import recover
+from .segments import MANIFEST_NAME, LogReader, sha256_hex
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import Projection
 from .semantic import Finding, check as semantic_check
@@ -576,9 +577,42 @@ def repair(directory: Path, session_id: str, progress: Callable[[int, int], None
     path = _log_path(directory, session_id)
     lock = FileLock(directory / LOCK_NAME, session_id)
     try:
+        recover(directory, session_id)  # (a roll, compression or erasure a killed writer left midway)
         return _repair_locked(directory, session_id, path, progress)
     finally:
         lock.release()
+
+
+def _segmented_walk(directory: Path, session_id: str, out: Callable[[bytes], None], on_record: Any,
+                    progress: Callable[[int, int], None] | None) -> tuple[_Walk, int, int]:
+    """The walk of a segmented log: every segment is read (the chain runs across them), only the active
+    segment's records are kept (written to ``out``). Returns ``(walk, base, size)``; a problem inside a sealed
+    segment is unfixable here (repair never rewrites a sealed segment: restore it from a backup)."""
+    with LogReader(directory, session_id) as reader:
+        base = reader.base
+        size = reader.end()
+        segment_problems = check_segments(reader)
+        at = [0]
+
+        def lines() -> Iterator[tuple[int, int, bytes]]:
+            for n, offset, line in _reader_lines(reader, size, segment_problems):
+                at[0] = offset
+                yield n, offset, line
+
+        def keep(raw: bytes) -> None:
+            if at[0] >= base:
+                out(raw)
+
+        walk = _Walk(directory / LOG_NAME, size, keep=keep, fold=True, on_record=on_record, progress=progress,
+                     session_id=session_id, lines=lines()).run()
+    for p in segment_problems:
+        walk.problems.insert(0, p)
+    for p, _ in walk.bad:
+        if p.offset < base:
+            p.kind, p.reason = "segment", (f"{p.reason} (inside a sealed segment, which repair never rewrites: "
+                                           "restore the segment from a backup)")
+    walk.bad = [(p, raw) for p, raw in walk.bad if p.kind != "segment"]
+    return walk, base, size
 
 
 def _repair_locked(directory: Path, session_id: str, path: Path,
@@ -587,12 +621,20 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
     status, on_record, finish = _check_checkpoint(directory, session_id)
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
+    segmented = (directory / MANIFEST_NAME).exists()
     try:
-        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
-                     session_id=session_id).run()
+        if segmented:
+            walk, base, size = _segmented_walk(directory, session_id, out, on_record, progress)
+        else:
+            walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
+                         session_id=session_id).run()
         finish(walk)
         fixable = [p for p, _ in walk.bad]
-        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session")]
+        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session", "segment")]
+        if segmented and any(p.kind == "segment" for p in unfixable):
+            out.abandon()
+            return RepairResult(session_id, str(path), False, walk.records, [], None, walk.gaps, False,
+                                size, size, None, unfixable)
         # A log of another session id is never rebuilt: its records are not ours to keep or quarantine.
         if (not fixable and all(g.explained for g in walk.gaps)) or any(p.kind == "session" for p in unfixable):
             out.abandon()

@@ -240,11 +240,8 @@ class RequestViews:
         if "window" in stats:
             record.update(before_tokens_exact=False, window=stats["window"])
         self._writer.defer(ev.COMPACTED, record)
-        if s.config["roll_on_compaction"]:
-            from .log import FileEventLog
-
-            if isinstance(s.log, FileEventLog):
-                s.log.roll_after_next_append()  # a segment boundary right after the audit record (segments.py)
+        if s.config["roll_on_compaction"] and hasattr(s.log, "roll_after_next_append"):
+            s.log.roll_after_next_append()  # a segment boundary right after the audit record (segments.py)
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most

@@ -36,6 +36,8 @@ STEPS = ("roll-manifest", "roll-renamed", "roll-created", "compress-written", "c
          "compress-renamed", "replace-written", "replace-manifest", "replace-renamed", "migrate-written",
          "migrate-manifest")
 CRASH_ENV = "CONTEXT_PERSISTENT_CRASH_AT"
+#: The new active segment an erase writes (erasure.py) before its commit.
+ACTIVE_ERASING = LOG_NAME + ".erasing"
 
 
 def _step(name: str) -> None:
@@ -57,7 +59,13 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
         os.unlink(directory / (MANIFEST_NAME + ".tmp"))
         actions.append(f"removed {MANIFEST_NAME}.tmp (a manifest update that never took effect)")
     manifest = load_manifest(directory, session_id)
-    if manifest is None:
+    if manifest is None:  # a single-file log; a migration killed before its commit leaves temp files
+        for entry in os.listdir(directory):
+            if entry.startswith(SEGMENT_PREFIX) and entry.endswith(TMP):
+                os.unlink(directory / entry)
+                actions.append(f"removed {entry} (a migration that never took effect)")
+        for a in actions:
+            logger.log(logging.DEBUG if quiet else logging.WARNING, "%s: %s", directory, a)
         return None, actions
     by_name = {s.name: s for s in manifest.segments}
     keep: set[str] = set()
@@ -93,7 +101,7 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
                 os.unlink(directory / name)
                 actions.append(f"removed {name} (replaced by its compressed or rewritten version)")
     for entry in os.listdir(directory):
-        if entry.startswith(SEGMENT_PREFIX) and entry.endswith(TMP) and entry not in keep:
+        if (entry.startswith(SEGMENT_PREFIX) and entry.endswith(TMP) or entry == ACTIVE_ERASING) and entry not in keep:
             os.unlink(directory / entry)
             actions.append(f"removed {entry} (a compression or rewrite that never took effect)")
     if not _exists(directory, LOG_NAME):
@@ -104,6 +112,7 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
     if actions:
         fsync_dir(directory)
     if manifest.pending:
+        actions.append(f"rewrote {MANIFEST_NAME} without its {len(manifest.pending)} pending step(s), all done now")
         manifest = manifest.with_segments(manifest.segments)
         write_manifest(directory, manifest)
     for a in actions:
@@ -113,33 +122,33 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
 
 # -- sealing -------------------------------------------------------------------------------------------
 def check_records(lines: Iterator[bytes], where: Path, after_seq: int) -> tuple[int, str, int, str, str]:
-    """Verify the records of one segment before it is sealed: every line is a whole record that passes its
-    checksum, and seqs increase (the chain is checked on every replay and by ``verify``). Returns
+    """Verify the records of one segment before it is sealed: every line is a whole record whose checksum
+    holds, and seqs increase (the chain is checked on every replay and by ``verify``). Returns
     ``(first_seq, first_crc, last_seq, last_crc, sha256)``; LogCorruptedError names the bad line."""
     h = hashlib.sha256()
-    first_seq = last_seq = 0
-    first_crc = last_crc = ""
+    first_seq = 0
+    first_crc = crc = b""
     offset = 0
     lineno = 0
     last = after_seq
-    decode = codec.decode
+    checked = codec.checked_seq
     for line in lines:
         lineno += 1
         h.update(line)
         try:
-            rec = decode(line)
+            if not line.endswith(b"\n"):
+                raise codec.RecordError("the line has no newline (a record cut short)")
+            seq, crc = checked(line)
         except codec.RecordError as e:
             raise LogCorruptedError(str(where), lineno, offset, f"{e}; the segment was not sealed") from None
-        seq = rec["seq"]
         if seq <= last:
             raise LogCorruptedError(str(where), lineno, offset, f"seq {seq} does not follow seq {last}")
         if not first_seq:
-            first_seq, first_crc = seq, rec["crc"]
+            first_seq, first_crc = seq, crc
         last = seq
         offset += len(line)
-    if first_seq:
-        last_seq, last_crc = last, rec["crc"]
-    return first_seq, first_crc, last_seq, last_crc, "sha256:" + h.hexdigest()
+    last_seq = last if first_seq else 0
+    return first_seq, first_crc.decode(), last_seq, crc.decode(), "sha256:" + h.hexdigest()
 
 
 def seal_active(directory: Path, manifest: Manifest, size: int) -> tuple[Manifest, Segment, int]:
@@ -238,15 +247,18 @@ def compress_segment(directory: Path, manifest: Manifest, index: int) -> Manifes
 
 def replace_segments(directory: Path, manifest: Manifest, new_data: dict[int, bytes],
                      active_tmp: str | None = None) -> Manifest:
-    """Replace the contents of sealed segments (index -> new uncompressed bytes of the same length, with the
-    same first and last seq and crc: erasure tombstones) and, with ``active_tmp``, the active segment by that
+    """Replace the contents of sealed segments (index -> new uncompressed bytes with the same first and last
+    seq and crc: erasure tombstones; a new length moves the byte ranges after it) and, with ``active_tmp``, the active segment by that
     complete, fsynced temp file, in one commit (the manifest). Compressed segments are re-compressed."""
     segments = list(manifest.segments)
     pending: list[dict[str, str]] = []
+    pos = 0
+    for index, seg in enumerate(segments):  # a new size moves the byte ranges of the segments after it
+        size = len(new_data[index]) if index in new_data else seg.size
+        segments[index] = replace(seg, start=pos, end=pos + size)
+        pos += size
     for index, data in sorted(new_data.items()):
         seg = segments[index]
-        if len(data) != seg.size:
-            raise ValueError(f"the new contents of {seg.name} are {len(data)} bytes, not {seg.size}")
         new = replace(seg, sha256=sha256_hex(data), compressed=None)
         blob = data
         if seg.compressed is not None:

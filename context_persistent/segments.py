@@ -353,6 +353,14 @@ class SegmentFile:
 
     def line_at(self, offset: int) -> bytes:
         """The line (with its newline) that starts at segment offset ``offset``."""
+        if self.seg.compressed is None:  # a few KiB at a time: most records are small
+            want = 4096
+            while True:
+                data = os.pread(self.fd, min(want, self.seg.size - offset), offset)
+                nl = data.find(b"\n")
+                if nl >= 0 or len(data) < want:
+                    return data[:nl + 1] if nl >= 0 else data
+                want *= 16
         out = bytearray()
         for _, data in self.chunks(offset):
             nl = data.find(b"\n")
@@ -595,6 +603,12 @@ class LogReader:
             start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
             if start > 0 or back == offset:
                 return chunk[start:]
+
+
+def has_log(directory: Path) -> bool:
+    """Whether the session folder holds a log: ``events.jsonl`` or, segmented, a manifest (a roll killed
+    between its renames leaves no ``events.jsonl`` until the next writer opens the log)."""
+    return (directory / LOG_NAME).is_file() or (directory / MANIFEST_NAME).is_file()
 
 
 def read_line_at(log_dir: str | os.PathLike[str], position: int, session_id: str | None = None) -> bytes:

@@ -364,3 +364,220 @@ async def test_migrate_refuses_what_it_cannot_do(storage: Path) -> None:
     torn = _cli("migrate", SID, storage=storage)
     assert torn.returncode == 1 and "torn tail" in torn.stderr
     assert not (storage / SID / MANIFEST_NAME).exists()
+
+
+def _files_hold(folder: Path, needle: bytes) -> list[str]:
+    """Files of the session folder holding ``needle`` (compressed segments decompressed)."""
+    import zstandard
+
+    out = []
+    for p in folder.iterdir():
+        data = p.read_bytes()
+        if p.name.endswith(".zst"):
+            data = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True).decompress(data)
+        if needle in data:
+            out.append(p.name)
+    return out
+
+
+@pytest.mark.parametrize("compress", [False, True])
+async def test_erase_rewrites_sealed_segments_and_the_active_one(storage: Path, compress: bool) -> None:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096,
+                                                compress_sealed=compress, checkpoint_every=30)
+    secret = {"role": "user", "content": "my card number is 4111 1111 1111 1111"}
+    await store.add_message(secret)
+    for i in range(60):
+        await store.add_message({"role": "user", "content": f"filler {i} " + "f" * 200})
+    history = await store.get_messages()
+    await store.set_messages(history)  # a replacement carries the message forward (sealed: it is large)
+    await store.set_messages([secret, history[-1]])  # and a small one, in the active segment
+    folder = storage / SID
+    needle = orjson.dumps(secret)[1:-1]
+    assert len(_files_hold(folder, b"4111 1111 1111 1111")) >= 2
+    positions = [p for p, _ in _all_lines(storage)]
+    receipt = await store.erase(seq=2, reason="gdpr")
+    assert _files_hold(folder, b"4111 1111 1111 1111") == []
+    assert needle not in b"".join(line for _, line in _all_lines(storage))
+    seg_name = _manifest(storage)["segments"][0]["name"] + (".zst" if compress else "")
+    where = {r["seq"]: r["segment"] for r in receipt["records"]}
+    assert where[2] == seg_name and "events.jsonl" in where.values()
+    assert receipt["log"]["rewritten"][0] == seg_name
+    after = [p for p, _ in _all_lines(storage)]
+    assert after[:1] == positions[:1] and len(after) == len(positions)  # (positions after the tombstone move)
+    assert await store.verify_erasure(receipt) == []
+    await store.add_message({"role": "user", "content": "after the erasure"})
+    messages = await store.get_messages()
+    await store.close()
+    doc = _manifest(storage)
+    assert doc["pending"] == [] and all(stat.S_IMODE((folder / (s["name"] + (".zst" if s["compressed"] else "")))
+                                                     .stat().st_mode) == 0o400 for s in doc["segments"])
+    report = verify(folder, SID)
+    assert report.ok, report.problems
+    assert await _reopen_messages(storage) == messages
+    from context_persistent.erasure import check_receipt
+
+    assert check_receipt(folder, receipt) == []
+    out = _cli("verify", SID, "--receipt", str(_write_receipt(storage, receipt)), storage=storage)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _write_receipt(storage: Path, receipt: dict[str, Any]) -> Path:
+    path = storage.parent / "receipt.json"
+    path.write_bytes(orjson.dumps(receipt))
+    return path
+
+
+async def test_repair_fixes_the_active_segment_and_refuses_to_touch_a_sealed_one(storage: Path) -> None:
+    from context_persistent.repair import repair
+
+    messages = await _fill(storage, 60, segment_bytes=4096)
+    folder = storage / SID
+    active = folder / "events.jsonl"
+    data = active.read_bytes()
+    assert data.count(b"\n") >= 3
+    lines = data.splitlines(keepends=True)
+    damaged = lines[0] + b"garbage that is no record\n" + b"".join(lines[1:])
+    active.write_bytes(damaged)
+    with pytest.raises(LogCorruptedError):
+        await _reopen_messages(storage)
+    result = repair(folder, SID)
+    assert result.changed and [p.kind for p in result.quarantined] == ["corrupt"] and not result.unfixable
+    assert active.read_bytes().startswith(data)  # the records kept byte for byte, then the audit record
+    assert verify(folder, SID).ok
+    assert await _reopen_messages(storage) == messages
+    # damage inside a sealed segment: reported, never rewritten
+    first = folder / _manifest(storage)["segments"][0]["name"]
+    os.chmod(first, 0o600)
+    raw = bytearray(first.read_bytes())
+    raw[30] ^= 0x02
+    first.write_bytes(bytes(raw))
+    result = repair(folder, SID)
+    assert not result.changed and any(p.kind == "segment" for p in result.unfixable)
+    assert first.read_bytes() == bytes(raw)
+    out = _cli("repair", SID, storage=storage)
+    assert out.returncode == 1 and "restore it from a backup" in out.stdout
+
+
+async def test_the_command_line_reads_segmented_logs(storage: Path, tmp_path: Path) -> None:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096,
+                                                compress_sealed=True)
+    for i in range(50):
+        await store.add_message({"role": "user", "content": f"message {i} " + "x" * 200})
+    store._log.roll()  # the active segment is empty: the newest record is in a sealed, compressed segment
+    await store.close()
+    assert (storage / SID / "events.jsonl").stat().st_size == 0
+    show = _cli("show", SID, "--json", storage=storage)
+    assert show.returncode == 0 and len(orjson.loads(show.stdout)["messages"]) == 50
+    at = _cli("show", SID, "--at", "11", "--json", storage=storage)
+    assert at.returncode == 0 and len(orjson.loads(at.stdout)["messages"]) == 10
+    export = _cli("export", SID, str(tmp_path / "out.jsonl"), storage=storage)
+    assert export.returncode == 0, export.stderr
+    tail = _cli("tail", SID, "-n", "3", "--json", storage=storage)
+    assert tail.returncode == 0 and [orjson.loads(x)["seq"] for x in tail.stdout.splitlines()] == [49, 50, 51]
+    follow = _cli("tail", SID, "-f", "--after", "0", "--until-seq", "51", "--json", "--timeout", "60",
+                  storage=storage)
+    assert follow.returncode == 0 and [orjson.loads(x)["seq"] for x in follow.stdout.splitlines()] == list(range(1, 52))
+    ls = _cli("ls", "--json", storage=storage)
+    assert ls.returncode == 0 and SID in ls.stdout
+    row = orjson.loads(ls.stdout)["sessions"][0]
+    assert row["last_activity"] is not None and row["bytes"] > 10000
+    fork = _cli("fork", SID, "child", "--at", "21", storage=storage)
+    assert fork.returncode == 0, fork.stderr
+    child = await PersistentContextManager.open(storage_path=storage, session_id="child", readonly=True)
+    assert len(await child.get_messages()) == 20
+    await child.close()
+
+
+async def test_zstandard_is_imported_only_for_compressed_segments(storage: Path) -> None:
+    import sys
+
+    await _fill(storage, 60, segment_bytes=4096)
+    code = ("import asyncio, sys\n"
+            "import context_persistent\n"
+            "assert 'zstandard' not in sys.modules, 'imported by import context_persistent'\n"
+            "from context_persistent import PersistentContextManager\n"
+            "async def main():\n"
+            f"    s = await PersistentContextManager.open(storage_path={str(storage)!r}, session_id={SID!r})\n"
+            "    assert len(await s.get_messages()) == 60\n"
+            "    await s.close()\n"
+            "asyncio.run(main())\n"
+            "assert 'zstandard' not in sys.modules, 'imported to read plain segments'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+async def test_rolling_with_a_reserved_tail_seals_no_zeros(storage: Path) -> None:
+    messages = await _fill(storage, 80, segment_bytes=4096, reserve_tail=True)
+    folder = storage / SID
+    for s in _manifest(storage)["segments"]:
+        assert b"\0" not in (folder / s["name"]).read_bytes()
+    assert verify(folder, SID).ok
+    assert await _reopen_messages(storage, reserve_tail=True) == messages
+
+
+async def test_a_follower_continues_across_an_erase_in_a_sealed_segment(storage: Path) -> None:
+    import asyncio
+
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
+    await store.add_message({"role": "user", "content": "short secret"})  # its tombstone is longer
+    for i in range(40):
+        await store.add_message({"role": "user", "content": f"message {i} " + "x" * 200})
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for rec in store.follow(after_seq=0):
+            seen.append(rec["seq"])
+            if rec["seq"] == 44:
+                return
+
+    task = asyncio.ensure_future(follow())
+    while len(seen) < 42:
+        await asyncio.sleep(0.05)
+    before = _manifest(storage)["segments"][0]
+    await store.erase(seq=2)
+    after = _manifest(storage)["segments"][0]
+    assert after["sha256"] != before["sha256"] and after["end"] != before["end"]  # rewritten, ranges moved
+    await store.add_message({"role": "user", "content": "x"})
+    await store.add_message({"role": "user", "content": "y"})
+    await asyncio.wait_for(task, 20)
+    assert seen == list(range(1, 45))
+    await store.close()
+
+
+def test_segment_options_are_refused_for_postgres() -> None:
+    from context_persistent.config import check_config
+
+    for key in ("compress_sealed", "roll_on_compaction"):
+        with pytest.raises(ValueError, match="apply to the file backend only"):
+            check_config({"backend": "postgres", "dsn": "postgresql://u@h/db", key: True})
+    assert check_config({"backend": "postgres", "dsn": "postgresql://u@h/db"})["segment_bytes"] > 0  # (unused there)
+
+
+async def test_a_segment_is_verified_before_it_is_sealed(storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A record damaged before the checkpoint's position is not read by an open with the checkpoint; sealing
+    reads every record and refuses, the append itself stays acknowledged and the log unchanged otherwise."""
+    await _fill(storage, 60, segment_bytes=0, checkpoint_every=50)
+    log = storage / SID / "events.jsonl"
+    data = bytearray(log.read_bytes())
+    at = data.index(b"message 3 ") + 12
+    data[at] ^= 0x01
+    log.write_bytes(bytes(data))
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
+    await store.add_message({"role": "user", "content": "acknowledged"})
+    assert "could not seal the active segment" in caplog.text and "checksum mismatch" in caplog.text
+    await store.add_message({"role": "user", "content": "and this one"})
+    await store.close()
+    assert not (storage / SID / MANIFEST_NAME).exists()
+    assert log.read_bytes().startswith(bytes(data))
+    assert any(p.kind == "corrupt" for p in verify(storage / SID, SID).problems)
+
+
+def test_checked_seq_verifies_the_checksum_without_parsing() -> None:
+    line = codec.encode_event(7, "message_added", {"message": {"role": "user", "content": "hi"}}, None,
+                              codec.root_crc("x"))
+    assert codec.checked_seq(line) == (7, codec.crc_of(line))
+    bad = line.replace(b"hi", b"ho")
+    with pytest.raises(codec.RecordError, match="checksum mismatch"):
+        codec.checked_seq(bad)
+    with pytest.raises(codec.RecordError, match="no checksum field"):
+        codec.checked_seq(line[:40])

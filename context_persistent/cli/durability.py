@@ -75,7 +75,9 @@ def format_report(r: Report) -> str:
 
 
 def format_repair(r: RepairResult) -> str:
-    if not r.changed:
+    if not r.changed and any(p.kind == "segment" for p in r.unfixable):
+        lines = [f"session {r.session_id}: not repaired: a sealed segment is damaged (nothing was changed)"]
+    elif not r.changed:
         lines = [f"session {r.session_id}: the log needs no repair ({r.kept} valid records)"]
         if r.checkpoint_removed:
             lines.append("  removed a checkpoint open would ignore (a cache; the next close writes a new one)")
@@ -94,7 +96,9 @@ def format_repair(r: RepairResult) -> str:
             lines.append("  removed the checkpoint (a cache; the next open replays the log)")
         lines.append(f"  rebuilt the log atomically: {r.old_size} -> {r.new_size} bytes")
     for p in r.unfixable:
-        lines.append(f"  NOT FIXED {p.describe()} (its checksum is valid: repair never removes a valid record)")
+        why = ("repair never rewrites a sealed segment: restore it from a backup" if p.kind == "segment"
+               else "its checksum is valid: repair never removes a valid record")
+        lines.append(f"  NOT FIXED {p.describe()} ({why})")
     return "\n".join(lines)
 
 
