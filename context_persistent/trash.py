@@ -28,6 +28,7 @@ from . import codec
 from .errors import LedgerError, SessionLockedError, SessionTrashedError
 from .log import FileEventLog, FileLock, data_end
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
+from .segments import MANIFEST_NAME as _MANIFEST  # (a folder holding only it is a session: a roll killed midway)
 from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
                         RetentionPolicy, SessionInfo, fold, plan, purge_due)
 
@@ -132,8 +133,13 @@ def _last_line(fd: int, end: int) -> bytes | None:
 
 
 def last_record(folder: Path | str, session_id: str = "") -> dict[str, Any] | None:
-    """The last valid record of a session's log (None if its end is torn or the log is empty)."""
-    fd = os.open(os.path.join(folder, LOG_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    """The last valid record of a session's active log file (None if its end is torn, it is empty (a log that
+    just rolled into a sealed segment) or missing (a roll killed between its renames: the next open restores
+    it))."""
+    try:
+        fd = os.open(os.path.join(folder, LOG_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     try:
         line = _last_line(fd, data_end(fd))
     finally:
@@ -153,8 +159,10 @@ def describe(storage: Path | str, session_id: str) -> SessionInfo:
     rec = last_record(folder)
     if rec is not None:
         when = datetime.fromisoformat(rec["ts"])
-    else:
-        when = datetime.fromtimestamp(os.stat(os.path.join(folder, LOG_NAME)).st_mtime, timezone.utc)
+    else:  # (the active file's time: when it was last written, or created by a roll right after an append)
+        log = os.path.join(folder, LOG_NAME)
+        when = datetime.fromtimestamp(os.stat(log if os.path.exists(log) else os.path.join(folder, _MANIFEST))
+                                      .st_mtime, timezone.utc)
     return SessionInfo(session_id, when, _flat_bytes(folder), _is_live(folder))
 
 
@@ -166,7 +174,8 @@ def sessions(storage: Path | str) -> list[SessionInfo]:
     except FileNotFoundError:
         return out
     for name in entries:
-        if not os.path.isfile(os.path.join(storage, name, LOG_NAME)):
+        if not (os.path.isfile(os.path.join(storage, name, LOG_NAME))
+                or os.path.isfile(os.path.join(storage, name, _MANIFEST))):
             continue
         try:
             validate_session_id(name)
@@ -179,9 +188,7 @@ def sessions(storage: Path | str) -> list[SessionInfo]:
 def _manifest_digest(folder: Path) -> dict[str, Any] | None:
     """``{bytes, sha256}`` of a segmented session's manifest (which holds each sealed segment's SHA-256), or
     None for a single-file log."""
-    from .segments import MANIFEST_NAME
-
-    path = folder / MANIFEST_NAME
+    path = folder / _MANIFEST
     if not path.exists():
         return None
     digest, size = _sha256_file(path)
@@ -316,7 +323,7 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
     folder = storage / validate_session_id(sid)
     lock = FileLock(folder / LOCK_NAME, sid)
     try:
-        digest, size = _sha256_file(folder / LOG_NAME)
+        digest, size = _sha256_file(folder / LOG_NAME) if (folder / LOG_NAME).exists() else (None, 0)
         rec = last_record(folder, sid)
         total, files = folder_bytes(folder)
         name = f"{sid}{ENTRY_SEP}{ledger.next_seq}"
@@ -414,7 +421,7 @@ async def restore(storage: str | os.PathLike[str], name: str) -> dict[str, Any]:
         if dst.exists():
             raise ValueError(f"cannot restore {entry.name}: {dst} exists (a new session under the same id); move "
                              "or remove that session first")
-        digest, size = _sha256_file(src / LOG_NAME)
+        digest, size = _sha256_file(src / LOG_NAME) if (src / LOG_NAME).exists() else (None, 0)
         manifest = _manifest_digest(src)
         if digest != entry.data["log"]["sha256"] or manifest != entry.data.get("manifest"):
             what = "log" if digest != entry.data["log"]["sha256"] else "segment manifest"
