@@ -60,4 +60,14 @@ async def apply_retention(storage_path: Path, session_id: str, cfg: dict[str, An
                     ", ".join(f"{t['session_id']} ({t['rule']})" for t in report["trashed"]))
 
 
-__all__ = ["BACKENDS", "apply_retention", "open_log"]
+async def open_store_log(storage_path: Path, session_id: str, cfg: dict[str, Any], *,
+                         readonly: bool = False) -> EventLog:
+    """The log a store opens: with ``retention.apply_on_open`` (and a writer), the policy is applied to the
+    other sessions first (:func:`apply_retention`); then :func:`open_log`."""
+    policy = cfg.get("retention")
+    if policy is not None and policy.apply_on_open and not readonly:
+        await apply_retention(storage_path, session_id, cfg)
+    return await open_log(storage_path, session_id, cfg, readonly=readonly)
+
+
+__all__ = ["BACKENDS", "apply_retention", "open_log", "open_store_log"]
