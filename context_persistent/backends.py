@@ -7,6 +7,7 @@ but not the manager.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from .eventlog import EventLog
@@ -27,10 +28,46 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
 
         return await PostgresEventLog.open(cfg.get("dsn"), session_id, schema=cfg.get("pg_schema"),
                                            readonly=readonly, create=create)
-    return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
+    folder = session_dir(storage_path, session_id)
+    if not folder.exists():  # a new session, or one a retention policy moved to the trash (SessionTrashedError)
+        from .trash import check_not_trashed
+
+        check_not_trashed(Path(storage_path), session_id)
+    return FileEventLog(folder, session_id, readonly=readonly,
                         fsync=cfg.get("fsync", "always"), create=create,
                         reserve_tail=cfg.get("reserve_tail", False), segment_bytes=cfg.get("segment_bytes"),
                         compress_sealed=cfg.get("compress_sealed", False))
 
 
-__all__ = ["BACKENDS", "open_log"]
+async def apply_retention(storage_path: Path, session_id: str, cfg: dict[str, Any]) -> None:
+    """``retention.apply_on_open``: apply the policy to the other sessions of the backend ``cfg`` selects before
+    ``session_id`` opens (docs/operations.md, "Retention"); what moved is logged at INFO."""
+    import logging
+
+    if cfg.get("backend", "file") == "postgres":
+        from .pg.retention import apply_on_open as apply_pg
+
+        report = await apply_pg(cfg.get("dsn"), cfg.get("pg_schema"), cfg["retention"], session_id)
+    else:
+        from .trash import apply_on_open
+
+        report = await apply_on_open(storage_path, cfg["retention"], session_id)
+    logger = logging.getLogger("context_persistent")
+    if report is None:
+        logger.info("retention on open skipped: another process is applying retention to %s", storage_path)
+    elif report["trashed"]:
+        logger.info("retention on open moved %d session(s) to the trash: %s", len(report["trashed"]),
+                    ", ".join(f"{t['session_id']} ({t['rule']})" for t in report["trashed"]))
+
+
+async def open_store_log(storage_path: Path, session_id: str, cfg: dict[str, Any], *,
+                         readonly: bool = False) -> EventLog:
+    """The log a store opens: with ``retention.apply_on_open`` (and a writer), the policy is applied to the
+    other sessions first (:func:`apply_retention`); then :func:`open_log`."""
+    policy = cfg.get("retention")
+    if policy is not None and policy.apply_on_open and not readonly:
+        await apply_retention(storage_path, session_id, cfg)
+    return await open_log(storage_path, session_id, cfg, readonly=readonly)
+
+
+__all__ = ["BACKENDS", "apply_retention", "open_log", "open_store_log"]

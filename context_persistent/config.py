@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "pg_schema": None,
     "secret_scanner": None,
     "page_cache_bytes": CACHE_BYTES,
+    "retention": None,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -75,6 +76,10 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "export_on_compact_every")
     if cfg["resume_rule"] not in RESUME_RULES:
         raise ValueError(f"resume_rule must be one of {', '.join(RESUME_RULES)}; got {cfg['resume_rule']!r}")
+    if cfg["retention"] is not None:
+        from .retention import RetentionPolicy
+
+        cfg["retention"] = RetentionPolicy.from_config(cfg["retention"])
     if cfg["secret_scanner"] is not None:
         from .secret_scan import make_scanner
 

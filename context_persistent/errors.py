@@ -142,3 +142,21 @@ class UnsafeStorageError(ContextPersistentError, PermissionError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class SessionTrashedError(ContextPersistentError):
+    """The session was moved to the trash by a retention policy: it does not open as a live session."""
+
+    def __init__(self, session_id: str, entries: list[str], where: str) -> None:
+        # ``where``: the trash entry's folder or table row, for the message
+        self.session_id = session_id
+        self.entries = entries
+        super().__init__(
+            f"session {session_id!r} is in the trash ({where}), moved "
+            f"there by a retention policy: restore it with `context-persistent trash restore {entries[-1]}`, or "
+            f"purge it (`context-persistent trash purge {entries[-1]} --force`) to start a new session under "
+            "this id")
+
+
+class LedgerError(ContextPersistentError):
+    """The retention ledger holds a record that is not a valid ledger record, or disagrees with the trash."""

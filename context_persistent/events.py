@@ -23,10 +23,11 @@ COMPACTED: Final = "compacted"
 SEMANTIC_REPAIRED: Final = "semantic_repaired"
 SYSTEM_PROMPT_SET: Final = "system_prompt_set"
 ERASED: Final = "erased"
+EXPIRED: Final = "expired"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
-     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET, ERASED}
+     REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET, ERASED, EXPIRED}
 )
 #: Audit events: recorded for operators, they change no view. (``replay_recognised`` changes the views when
 #: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)

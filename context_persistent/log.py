@@ -31,7 +31,7 @@ from typing import Any
 
 from . import codec
 from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError,
-                     UnsafeStorageError)
+                     SessionTrashedError, UnsafeStorageError)
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
 from .segment_store import compress_segment, recover, replace_segments, seal_active
@@ -239,6 +239,24 @@ def scan(path: Path | LogReader, start_offset: int = 0, start_line: int | None =
                 lineno += 1
 
 
+def _check_not_moved(directory: Path, dir_fd: int, session_id: str, lock: FileLock) -> None:
+    """After taking the lock: the folder must still be at ``directory``. Retention (trash.py) moves a session
+    folder while holding its lock; a writer that opened the folder just before that would otherwise write into
+    the trash entry. SessionTrashedError (or an OSError) then, with the lock released."""
+    try:
+        here = os.stat(directory, follow_symlinks=False)
+    except FileNotFoundError:
+        here = None
+    held = os.fstat(dir_fd)
+    if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+        return
+    lock.release()
+    from .trash import check_not_trashed
+
+    check_not_trashed(directory.parent, session_id)
+    raise FileNotFoundError(errno.ENOENT, "the session folder was moved while it was being opened", str(directory))
+
+
 class FileEventLog:
     """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl`` and the
     sealed segments before it.
@@ -307,7 +325,8 @@ class FileEventLog:
             # Every file is opened relative to the verified folder, never through a symbolic link.
             dir_fd = open_private_dir(directory)
             self._lock = FileLock(directory / LOCK_NAME, session_id, dir_fd)
-        except UnsafeStorageError:
+            _check_not_moved(directory, dir_fd, session_id, self._lock)
+        except (UnsafeStorageError, SessionTrashedError):
             if dir_fd >= 0:
                 os.close(dir_fd)
             raise

@@ -146,13 +146,13 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
-        from .backends import open_log
+        from .backends import open_store_log
         from .paths import validate_session_id
 
         validate_session_id(session_id)
         cfg = cls.check_config(config)
         storage_path = Path(storage_path).expanduser()
-        log = await open_log(storage_path, session_id, cfg, readonly=readonly)
+        log = await open_store_log(storage_path, session_id, cfg, readonly=readonly)  # (retention on open first)
         try:  # (whatever fails after the log is open, its writer lock is released)
             store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
             await store._life.load()

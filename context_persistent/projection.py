@@ -31,6 +31,14 @@ def split_key(key: int) -> tuple[int, int]:
 
 
 
+def expired_range(data: dict[str, Any], seq: int | None) -> tuple[int, int]:
+    """``(first_seq, last_seq)`` of an ``expired`` record's data, checked (before the record's own ``seq``)."""
+    lo, hi = data["first_seq"], data["last_seq"]
+    if type(lo) is not int or type(hi) is not int or not 1 <= lo <= hi or (seq is not None and hi >= seq):
+        raise ValueError(f"data.first_seq..last_seq is {lo!r}..{hi!r}: it must be a range of earlier seqs")
+    return lo, hi
+
+
 #: grouping.SYSTEM_ROLES, repeated so that ``import context_persistent`` does not load grouping (~10 ms);
 #: tests/test_lazy_open.py checks that the two agree.
 SYSTEM_ROLES = ("system", "developer")
@@ -459,6 +467,8 @@ class Projection:
             self._set_system_prompt(seq, data["messages"], position, length)
         elif kind == ev.ERASED:
             self._apply_erased(seq, data, position, length)
+        elif kind == ev.EXPIRED:
+            self._apply_expired(seq, data)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -550,6 +560,58 @@ class Projection:
             raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added, messages_replaced or "
                              "system_prompt_set record")
         self.has_history = True
+
+    def _apply_expired(self, seq: int, data: dict[str, Any]) -> None:
+        """``expired`` (segment retention, retention.py): the records ``first_seq..last_seq`` left the log. The
+        messages they added leave every view, except those it carries (the system prompt and the pinned
+        messages when it was written), which stay where they are. A replay that starts after the expired range
+        begins from :meth:`seeded` (placeholders, negative keys, stand where the other messages were, so that
+        the records in between fold as they did); this record then drops the placeholders, and both ways end
+        in the same state."""
+        lo, hi = expired_range(data, seq)
+        carried = {c["key"] for c in data["carried"]}
+        if any(type(k) is not int or not lo <= split_key(k)[0] <= hi for k in carried):
+            raise ValueError("data.carried keys must be integers of messages the expired records added")
+        low, high = make_key(lo), make_key(hi, MAX_BATCH - 1)
+
+        def stays(k: int) -> bool:
+            return k >= 0 and (not low <= k <= high or k in carried)
+
+        keep = [i for i, k in enumerate(self.keys) if stays(k)]
+        if len(keep) != len(self.keys):
+            self.messages = [self.messages[i] for i in keep]
+            self.keys = [self.keys[i] for i in keep]
+            self.tokens = [self.tokens[i] for i in keep]
+        self.pinned = {k for k in self.pinned if stays(k)}
+        self.removed.append((low, high))
+
+    @classmethod
+    def seeded(cls, data: dict[str, Any]) -> "Projection":
+        """The state a replay starts from when the log begins after an ``expired`` record's range: the carried
+        messages where they were at the end of the range, a placeholder for each run of the others
+        (``layout``), the pins of carried messages then, and the session's ``session_started`` data."""
+        lo, hi = expired_range(data, None)
+        carried = {c["key"]: c["message"] for c in data["carried"]}
+        p = cls()
+        for item in data["layout"]:
+            if "key" in item:
+                key = item["key"]
+                p.messages.append(carried[key])
+                p.keys.append(key)
+            else:
+                run = item["run"]
+                if run not in ("system", "other"):
+                    raise ValueError(f"data.layout run is {run!r}, not 'system' or 'other'")
+                p.messages.append({"role": "system" if run == "system" else "user", "content": None})
+                p.keys.append(-1)
+            p.tokens.append(None)
+        if {k for k in p.keys if k >= 0} != set(carried):
+            raise ValueError("data.layout does not place every carried message exactly once")
+        p.pinned = {k for k in data["pinned"] if k in carried}
+        p.head_seq = hi
+        p.has_history = bool(data["layout"])
+        p.session = dict(data["session"])
+        return p
 
     def index_of(self, key: int) -> int | None:
         keys = self.keys

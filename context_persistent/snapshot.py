@@ -358,6 +358,10 @@ def _target(storage_path: str | os.PathLike[str], session_id: str) -> Path:
     if (target / LOG_NAME).exists():
         raise SessionExistsError(f"session {session_id!r} already exists ({target / LOG_NAME}); "
                                  "choose another session id (nothing is ever overwritten)")
+    if not target.exists():  # an id a retention policy moved to the trash is not free (SessionTrashedError)
+        from .trash import check_not_trashed
+
+        check_not_trashed(Path(storage_path), session_id)
     return target
 
 

@@ -21,7 +21,8 @@ from benchmarks.workloads import agent_mix, sized_message, write_reference  # no
 
 TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
         "replay_4k=10", "replay_rounds=1", "replay_large_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
-        "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1"]
+        "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
+        "retention_sessions=6"]
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
 EXPECTED = {
@@ -41,6 +42,8 @@ EXPECTED = {
     "tokens": ["token count, 12 agent-mix messages", "token count again", "tokenizer throughput"],
     "import": ["import context_persistent", "tokenizer encodings loaded by the import", "first tokenizer load"],
     "loop": ["longest loop stall while counting one 1 MB message", "time to count it"],
+    "retention": ["open + close with apply_on_open, 6 sessions", "apply_on_open overhead per session",
+                  "retention apply: per session moved to the trash"],
     "segments": ["roll (seal) of a 1 MiB active segment", "roll and compress a 1 MiB segment",
                  "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment"],
 }

@@ -119,6 +119,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "tail": ["tail", "ref", "-n", "2"], "export": ["export", "ref", str(tmp_path / "e.jsonl")],
         "import": ["import", str(REFERENCE), "imp"], "fork": ["fork", "ref", "forked"],
         "verify": ["verify", "ref"], "repair": ["repair", "ref"],
+        "retention": ["retention", "plan", "--max-sessions", "5"], "trash": ["trash", "list"],
         "erase": ["erase", "ref", "--seq", "2"],  # (it changes the session)
         "migrate": ["migrate", "ref", "--segment-bytes", "4096"],  # (last: it changes the layout)
     }
@@ -141,8 +142,8 @@ def test_help_is_plain_text_and_session_is_spelt_SESSION() -> None:
     helps = {"": parser.format_help()}
     for name, sub in _subparsers(parser).items():
         helps[name] = sub.format_help()
-        for inner in (_subparsers(sub).items() if name == "db" else ()):
-            helps[f"db {inner[0]}"] = inner[1].format_help()
+        for inner in (_subparsers(sub).items() if name in ("db", "retention", "trash") else ()):
+            helps[f"{name} {inner[0]}"] = inner[1].format_help()
     for name, text in helps.items():
         assert "``" not in text and ":func:" not in text and ":class:" not in text, name
         usage = text.split("\n\n", 1)[0]

@@ -20,7 +20,7 @@ from .. import __version__
 from ..errors import ContextPersistentError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "demo", "db")
+COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "demo", "db")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 

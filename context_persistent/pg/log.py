@@ -29,6 +29,7 @@ from ..errors import (
     RecordCorruptedError,
     SessionLockedError,
     SessionNotFoundError,
+    SessionTrashedError,
     StoreClosedError,
 )
 from ..paths import validate_session_id
@@ -141,6 +142,7 @@ class PostgresEventLog:
                 row = None if version is None else await conn.fetchrow(
                     self._q("SELECT last_seq FROM {s}.sessions WHERE session_id = $1"), self.session_id)
                 if row is None:
+                    await self._refuse_trashed(conn)
                     raise SessionNotFoundError(f"session {self.session_id!r} not found in {redact_dsn(self.dsn)} "
                                                f"schema {self.schema!r}")
                 self.existed = True
@@ -173,6 +175,7 @@ class PostgresEventLog:
         """(existed, last_seq) of the session row, creating it if allowed; checks it against the events."""
         row = await conn.fetchrow(self._q("SELECT last_seq FROM {s}.sessions WHERE session_id = $1"), self.session_id)
         if row is None:
+            await self._refuse_trashed(conn)
             if not create:
                 raise SessionNotFoundError(f"session {self.session_id!r} not found in {redact_dsn(self.dsn)} "
                                            f"schema {self.schema!r}")
@@ -185,6 +188,15 @@ class PostgresEventLog:
             raise RecordCorruptedError(self.path, head, f"the sessions row says last_seq {row['last_seq']} but the "
                                        f"events table holds records up to seq {head}")
         return True, row["last_seq"]
+
+    async def _refuse_trashed(self, conn: Any) -> None:
+        """SessionTrashedError if a retention policy moved this session to the trash (pg/retention.py)."""
+        from .retention import trashed_entries
+
+        entries = await trashed_entries(conn, self.schema, self.session_id)
+        if entries:
+            raise SessionTrashedError(self.session_id, entries, f"{redact_dsn(self.dsn)} schema {self.schema!r}, "
+                                      f"table trash, entry {', '.join(entries)}")
 
     async def _live_conn(self) -> Any:
         """The connection, reconnected (and, for a writer, re-locked and re-checked) if it was lost."""

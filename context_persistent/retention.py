@@ -1,0 +1,324 @@
+"""Retention policies: which sessions expire, and why (pure: no I/O, no clock of its own).
+
+A policy is checked once (:meth:`RetentionPolicy.from_config`, a ValueError naming the key and the rule) and
+then evaluated by :func:`plan` over a description of the sessions (:class:`SessionInfo`: last activity, size,
+whether a writer holds it). The plan says, for every session that a rule selects, which rule and why; the
+I/O that moves expired sessions to the trash and records them in the ledger is in ``trash.py`` (file
+backend) and ``pg/retention.py`` (PostgreSQL). docs/operations.md, "Retention".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import LedgerError
+
+#: The keys a ``retention`` configuration takes (docs/configuration.md).
+POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "grace_days", "apply_on_open")
+#: The rules, in the order they are checked (a session selected by several is reported under the first).
+RULES = ("max_age_days", "max_sessions", "max_bytes")
+DEFAULT_GRACE_DAYS = 7.0
+
+
+def _number(config: dict[str, Any], key: str, *, integer: bool, minimum: float) -> Any:
+    value = config.get(key)
+    if value is None:
+        return None
+    kind = "a whole number" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ValueError(f"retention.{key} must be {kind} ≥ {minimum:g} (or null for no limit), got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"retention.{key} must be {kind} ≥ {minimum:g} (or null for no limit), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """What expires: sessions idle longer than ``max_age_days``; beyond the newest ``max_sessions``; the
+    oldest while the store holds more than ``max_bytes``. ``None`` means no limit of that kind. Expired
+    sessions stay in the trash ``grace_days`` before ``trash purge`` may delete them; ``apply_on_open``
+    applies the policy whenever a store is opened."""
+
+    max_age_days: float | None = None
+    max_bytes: int | None = None
+    max_sessions: int | None = None
+    grace_days: float = DEFAULT_GRACE_DAYS
+    apply_on_open: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any) -> "RetentionPolicy":
+        """The policy of a ``retention`` configuration (a dict of :data:`POLICY_KEYS`); ValueError says what
+        is wrong and what is allowed."""
+        if isinstance(config, RetentionPolicy):
+            return config
+        if not isinstance(config, dict):
+            raise ValueError(f"retention must be a mapping of {', '.join(POLICY_KEYS)}; got {config!r}")
+        unknown = sorted(set(config) - set(POLICY_KEYS))
+        if unknown:
+            raise ValueError(f"unknown retention key(s) {', '.join(map(str, unknown))}; allowed: "
+                             f"{', '.join(POLICY_KEYS)}")
+        grace = _number(config, "grace_days", integer=False, minimum=0)
+        apply_on_open = config.get("apply_on_open", False)
+        if not isinstance(apply_on_open, bool):
+            raise ValueError(f"retention.apply_on_open must be true or false, got {apply_on_open!r}")
+        policy = cls(max_age_days=_number(config, "max_age_days", integer=False, minimum=0),
+                     max_bytes=_number(config, "max_bytes", integer=True, minimum=0),
+                     max_sessions=_number(config, "max_sessions", integer=True, minimum=0),
+                     grace_days=DEFAULT_GRACE_DAYS if grace is None else grace,
+                     apply_on_open=apply_on_open)
+        if apply_on_open and not policy.limits():
+            raise ValueError("retention.apply_on_open is true but no limit is set: give at least one of "
+                             "max_age_days, max_bytes, max_sessions")
+        return policy
+
+    def limits(self) -> dict[str, Any]:
+        """The limits that are set, by rule name."""
+        return {rule: getattr(self, rule) for rule in RULES if getattr(self, rule) is not None}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The policy as recorded in the ledger (every key, ``None`` for no limit)."""
+        return {"max_age_days": self.max_age_days, "max_bytes": self.max_bytes, "max_sessions": self.max_sessions,
+                "grace_days": self.grace_days, "apply_on_open": self.apply_on_open}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as a policy sees it: when it was last written (the time of its last record), its size in
+    bytes, and whether a writer holds it right now (``live``: never trashed)."""
+
+    session_id: str
+    last_activity: datetime
+    bytes: int
+    live: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """One session a rule selects: ``rule`` (a :data:`RULES` name) and ``reason`` (a sentence with the figures).
+    ``live`` sessions are reported but never trashed."""
+
+    session: SessionInfo
+    rule: str
+    reason: str
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a policy selects at ``now``: ``expire`` (to be trashed), ``live`` (selected, but a writer holds
+    them: skipped), ``kept`` (every other session), and the totals before and after."""
+
+    now: datetime
+    policy: RetentionPolicy
+    expire: list[Expiry] = field(default_factory=list)
+    live: list[Expiry] = field(default_factory=list)
+    kept: list[SessionInfo] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        def row(e: Expiry) -> dict[str, Any]:
+            return {"session_id": e.session_id, "rule": e.rule, "reason": e.reason, "bytes": e.session.bytes,
+                    "last_activity": e.session.last_activity.isoformat()}
+
+        return {"now": self.now.isoformat(), "policy": self.policy.as_dict(),
+                "expire": [row(e) for e in self.expire], "live": [row(e) for e in self.live],
+                "kept": [s.session_id for s in self.kept],
+                "bytes_expiring": sum(e.session.bytes for e in self.expire)}
+
+
+def _age_days(now: datetime, then: datetime) -> float:
+    return (now - then) / timedelta(days=1)
+
+
+def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
+         exclude: frozenset[str] = frozenset()) -> Plan:
+    """Which of ``sessions`` the policy expires at ``now`` and why.
+
+    Rules, each over the sessions no earlier rule selected, oldest last activity first (ties by id):
+    ``max_age_days``: last activity more than that many days before ``now``; ``max_sessions``: every session
+    beyond the newest N; ``max_bytes``: the oldest, until the total of the rest is within the limit. A live
+    session a rule selects is listed in ``live`` and still counts as selected (the rule does not pick a newer
+    session in its place: it is considered again at the next apply). Sessions in ``exclude`` (the one being
+    opened) are never selected and count as kept.
+    """
+    out = Plan(now=now, policy=policy)
+    ordered = sorted(sessions, key=lambda s: (s.last_activity, s.session_id))
+    chosen: dict[str, tuple[str, str]] = {}
+    if policy.max_age_days is not None:
+        for s in ordered:
+            age = _age_days(now, s.last_activity)
+            if s.session_id not in exclude and age > policy.max_age_days:
+                chosen[s.session_id] = ("max_age_days", f"last activity {s.last_activity.isoformat()} is "
+                                        f"{age:.1f} days old; max_age_days is {policy.max_age_days:g}")
+    if policy.max_sessions is not None:
+        remaining = [s for s in ordered if s.session_id not in chosen]
+        surplus = len(remaining) - policy.max_sessions
+        for s in remaining:
+            if surplus <= 0:
+                break
+            if s.session_id in exclude:
+                continue
+            chosen[s.session_id] = ("max_sessions", f"{len(remaining)} sessions; max_sessions is "
+                                    f"{policy.max_sessions}: this is one of the {len(remaining) - policy.max_sessions} "
+                                    "oldest")
+            surplus -= 1
+    if policy.max_bytes is not None:
+        remaining = [s for s in ordered if s.session_id not in chosen]
+        total = sum(s.bytes for s in remaining)
+        start = total
+        for s in remaining:
+            if total <= policy.max_bytes:
+                break
+            if s.session_id in exclude:
+                continue
+            chosen[s.session_id] = ("max_bytes", f"the store holds {start} bytes; max_bytes is {policy.max_bytes}: "
+                                    f"the oldest sessions go until the rest fit ({total} bytes before this one)")
+            total -= s.bytes
+    for s in ordered:
+        if s.session_id not in chosen:
+            out.kept.append(s)
+            continue
+        rule, reason = chosen[s.session_id]
+        (out.live if s.live else out.expire).append(Expiry(s, rule, reason))
+    return out
+
+
+def purge_due(trashed_at: datetime, grace_days: float, now: datetime) -> bool:
+    """Whether a trash entry's grace period is over at ``now``."""
+    return now >= trashed_at + timedelta(days=grace_days)
+
+
+# -- the ledger's records (shared by the file and PostgreSQL backends) ---------------------------------
+#: Separates the session id from the ledger seq in a trash entry's name (never part of a session id).
+ENTRY_SEP = "~"
+TRASHED, CANCELLED, RESTORED, RESTORE_CANCELLED, PURGED = (
+    "trashed", "trash_cancelled", "restored", "restore_cancelled", "purged")
+#: Ledger record types and the data keys each must have (a record without them is corrupt, never skipped).
+LEDGER_TYPES: dict[str, tuple[str, ...]] = {
+    TRASHED: ("entry", "session_id", "rule", "reason", "policy", "log", "bytes", "purge_after"),
+    CANCELLED: ("entry", "session_id", "reason"),
+    RESTORED: ("entry", "session_id"),
+    RESTORE_CANCELLED: ("entry", "session_id", "reason"),
+    PURGED: ("entry", "session_id", "forced", "reason"),
+}
+
+
+@dataclass
+class Entry:
+    """A trash entry as the ledger folds it: the ``trashed`` record's data, its seq and time, and its state
+    (``trashed``, ``trash_cancelled``, ``restored``, ``restore_cancelled`` (back in the trash) or ``purged``)."""
+
+    name: str
+    session_id: str
+    seq: int
+    trashed_at: datetime
+    data: dict[str, Any]
+    state: str = TRASHED
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def purge_after(self) -> datetime:
+        return datetime.fromisoformat(self.data["purge_after"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entry": self.name, "session_id": self.session_id, "state": self.state,
+                "trashed_at": self.trashed_at.isoformat(), "purge_after": self.data["purge_after"],
+                "rule": self.data["rule"], "reason": self.data["reason"], "bytes": self.data["bytes"],
+                "log": self.data["log"], "policy": self.data["policy"], "ledger_seq": self.seq,
+                "history": self.history}
+
+
+def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
+    """The trash entries a ledger's records describe, by name. LedgerError for a record of an unknown type,
+    without the keys its type needs, or naming an entry out of order."""
+    entries: dict[str, Entry] = {}
+    for rec in records:
+        kind, data, seq = rec["type"], rec["data"], rec["seq"]
+        need = LEDGER_TYPES.get(kind)
+        if need is None:
+            raise LedgerError(f"{path}: seq {seq} is a {kind!r} record, which is not a ledger record (allowed: "
+                              f"{', '.join(LEDGER_TYPES)}); nothing was changed")
+        if not isinstance(data, dict) or any(k not in data for k in need):
+            raise LedgerError(f"{path}: seq {seq} ({kind}) lacks one of {', '.join(need)}; nothing was changed")
+        name = data["entry"]
+        if kind == TRASHED:
+            if name in entries or name != f"{data['session_id']}{ENTRY_SEP}{seq}":
+                raise LedgerError(f"{path}: seq {seq} trashes entry {name!r}, which is not "
+                                  f"'<session_id>{ENTRY_SEP}{seq}' or was used before; nothing was changed")
+            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data)
+            continue
+        entry = entries.get(name)
+        if entry is None:
+            raise LedgerError(f"{path}: seq {seq} ({kind}) names entry {name!r}, which no earlier record trashed; "
+                              "nothing was changed")
+        entry.state = kind
+        entry.history.append({"seq": seq, "type": kind, "ts": rec["ts"],
+                              **{k: v for k, v in data.items() if k not in ("entry", "session_id")}})
+    return entries
+
+
+# -- segment expiry: the ``expired`` event (docs/format.md, "Event types") -----------------------------------
+def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundary_crc: str, *,
+                 segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
+                 expired_at: str) -> dict[str, Any]:
+    """The data of an ``expired`` record for the records ``first_seq..last_seq`` (``boundary_crc``: the ``crc``
+    of the record at ``last_seq``, which the first surviving record names as its ``prev``).
+
+    ``boundary`` is the session's projection folded up to ``last_seq``, ``now`` the projection the record is
+    appended to. Carried (kept in every view): the messages of the range that are the leading system prompt
+    or pinned in ``now``. ``layout`` is ``boundary``'s history with each carried message by key and each run of
+    other messages as one placeholder (``system`` or ``other``: what the system-prompt rule needs to fold the
+    surviving records the same way)."""
+    from .projection import MAX_BATCH, make_key
+
+    low, high = make_key(first_seq), make_key(last_seq, MAX_BATCH - 1)
+    lead = now.leading_system_count()
+    keys = list(now.keys)
+    carried = [{"key": k, "message": now.messages[i]} for i, k in enumerate(keys)
+               if low <= k <= high and (i < lead or k in now.pinned)]
+    wanted = {c["key"] for c in carried}
+    layout: list[dict[str, Any]] = []
+    for k, m in zip(boundary.keys, boundary.messages):
+        if k in wanted:
+            layout.append({"key": k})
+            continue
+        run = "system" if m.get("role") == "system" else "other"
+        if not layout or layout[-1].get("run") != run:
+            layout.append({"run": run})
+    return {"first_seq": first_seq, "last_seq": last_seq, "boundary_crc": boundary_crc, "segments": segments,
+            "carried": carried, "layout": layout, "pinned": sorted(boundary.pinned & wanted),
+            "session": dict(boundary.session), "rule": rule, "reason": reason, "policy": policy,
+            "expired_at": expired_at}
+
+
+def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> Any:
+    """The projection of a log that begins after an ``expired`` record's range: seeded from the record
+    (:meth:`Projection.seeded`), then every later record folded, the chain checked from ``boundary_crc``
+    (ValueError at the first record that does not follow). ``records`` must include the ``expired`` record."""
+    from .codec import Links
+    from .projection import Projection
+
+    p = Projection.seeded(data)
+    links = Links(session_id, data["boundary_crc"], True)
+    expect = data["last_seq"] + 1
+    for rec in records:
+        if rec["seq"] <= data["last_seq"]:
+            continue
+        if rec["seq"] != expect:
+            raise ValueError(f"seq {rec['seq']} follows the expired range ending at {data['last_seq']}; "
+                             f"expected {expect}")
+        problem = links.check(rec)
+        if problem is not None:
+            raise ValueError(f"record seq {rec['seq']} {problem}")
+        p.apply(rec)
+        expect += 1
+    return p
+
+
+__all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
+           "RetentionPolicy", "SessionInfo", "expired_data", "fold", "fold_after_expiry", "plan", "purge_due"]
