@@ -263,6 +263,22 @@ def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
 
 
 # -- segment expiry: the ``expired`` event (docs/format.md, "Event types") -----------------------------------
+def find_entry(entries: dict[str, Entry], name: str, list_command: str) -> Entry:
+    """The trash entry ``name`` names (an entry's name, or a session id with exactly one entry in the trash);
+    ValueError naming the entries and ``list_command`` otherwise, or when the entry is not in the trash."""
+    entry = entries.get(name)
+    if entry is None:
+        hits = [e for e in entries.values() if e.session_id == name and e.state in (TRASHED, RESTORE_CANCELLED)]
+        if len(hits) == 1:
+            return hits[0]
+        listed = ", ".join(e.name for e in hits) or "none"
+        raise ValueError(f"no trash entry {name!r} (entries of that session in the trash: {listed}); "
+                         f"`{list_command}` shows them")
+    if entry.state not in (TRASHED, RESTORE_CANCELLED):
+        raise ValueError(f"trash entry {name!r} is not in the trash: it was {entry.state.replace('_', ' ')}")
+    return entry
+
+
 def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundary_crc: str, *,
                  segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
                  expired_at: str) -> dict[str, Any]:
@@ -321,4 +337,4 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
 
 
 __all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
-           "RetentionPolicy", "SessionInfo", "expired_data", "fold", "fold_after_expiry", "plan", "purge_due"]
+           "RetentionPolicy", "SessionInfo", "expired_data", "find_entry", "fold", "fold_after_expiry", "plan", "purge_due"]

@@ -30,7 +30,7 @@ from .log import FileEventLog, FileLock, data_end
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
 from .segments import MANIFEST_NAME as _MANIFEST  # (a folder holding only it is a session: a roll killed midway)
 from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
-                        RetentionPolicy, SessionInfo, fold, plan, purge_due)
+                        RetentionPolicy, SessionInfo, find_entry, fold, plan, purge_due)
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
 RETENTION_DIR = ".retention"
@@ -395,17 +395,7 @@ async def list_trash(storage: str | os.PathLike[str], *, all_entries: bool = Fal
 
 
 def _find(ledger: Ledger, name: str) -> Entry:
-    entry = ledger.entries.get(name)
-    if entry is None:
-        hits = [e for e in ledger.entries.values() if e.session_id == name and e.state in (TRASHED, RESTORE_CANCELLED)]
-        if len(hits) == 1:
-            return hits[0]
-        listed = ", ".join(e.name for e in hits) or "none"
-        raise ValueError(f"no trash entry {name!r} (entries of that session in the trash: {listed}); "
-                         "`context-persistent trash list` shows them")
-    if entry.state not in (TRASHED, RESTORE_CANCELLED):
-        raise ValueError(f"trash entry {name!r} is not in the trash: it was {entry.state.replace('_', ' ')}")
-    return entry
+    return find_entry(ledger.entries, name, "context-persistent trash list")
 
 
 async def restore(storage: str | os.PathLike[str], name: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from .. import codec
 from ..errors import LedgerError, SessionLockedError, SessionNotFoundError
 from ..retention import (ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan, RetentionPolicy,
-                         SessionInfo, fold, plan, purge_due)
+                         SessionInfo, find_entry, fold, plan, purge_due)
 from .connection import connect, lock_key, translated
 from .dsn import redact_dsn, resolve_dsn, resolve_schema
 from .schema import _check_version, _schema_version, ensure_schema
@@ -258,17 +258,7 @@ async def list_trash_pg(dsn: str | None, schema: str | None, *, all_entries: boo
 
 
 def _find(store: _Store, name: str) -> Entry:
-    entry = store.entries.get(name)
-    if entry is None:
-        hits = [e for e in store.entries.values() if e.session_id == name and e.state in (TRASHED, RESTORE_CANCELLED)]
-        if len(hits) == 1:
-            return hits[0]
-        listed = ", ".join(e.name for e in hits) or "none"
-        raise ValueError(f"no trash entry {name!r} (entries of that session in the trash: {listed}); "
-                         "`context-persistent trash list --dsn ...` shows them")
-    if entry.state not in (TRASHED, RESTORE_CANCELLED):
-        raise ValueError(f"trash entry {name!r} is not in the trash: it was {entry.state.replace('_', ' ')}")
-    return entry
+    return find_entry(store.entries, name, "context-persistent trash list --dsn ...")
 
 
 async def restore_pg(dsn: str | None, schema: str | None, name: str) -> dict[str, Any]:
