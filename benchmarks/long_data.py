@@ -40,7 +40,7 @@ MIX_VERSION = 1
 SESSION_ID = "s"
 
 #: Tool result sizes and weights: those of workloads.agent_mix, doubled (mostly small, a few up to 128 KB).
-_TOOL_SIZES = ((80, 30), (600, 25), (3000, 20), (12000, 15), (40000, 7), (131072, 3))
+_TOOL_SIZES = ((80, 30), (600, 25), (3200, 20), (13000, 15), (42000, 7), (131072, 3))
 _POOL_CHARS = 1 << 21
 _TOOLS = ("read_file", "bash", "grep", "write_file")
 
