@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -72,7 +72,7 @@ def note_indices(messages: Sequence[dict[str, Any]], history: Sequence[dict[str,
 
 
 # -- writing ----------------------------------------------------------------------------------------
-def message_lines(messages: Sequence[dict[str, Any]]) -> Iterator[bytes]:
+def message_lines(messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
     """The canonical body, one line per message (the unit the checksum covers)."""
     dumps = orjson.dumps
     for m in messages:
@@ -101,7 +101,37 @@ def encode_snapshot(header: dict[str, Any], messages: Sequence[dict[str, Any]], 
     yield orjson.dumps({"header": header, "messages": list(messages)}, option=orjson.OPT_INDENT_2) + b"\n"
 
 
-def _chunks(lines: list[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+def json_document(header: dict[str, Any], messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
+    """The JSON form, a message at a time: the same bytes as ``orjson.dumps({"header": header, "messages":
+    [...]}, option=OPT_INDENT_2) + b"\\n"``, with the brackets, commas and indentation written here (by
+    :class:`JsonWriter`) so the messages are never held together."""
+    w = JsonWriter(header)
+    for m in messages:
+        yield w.message(m)
+    yield w.end()
+
+
+class JsonWriter:
+    """The pieces of the JSON form: ``message(m)`` for each message in order, then ``end()``."""
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.head = b'{\n  "header": ' + orjson.dumps(header, option=orjson.OPT_INDENT_2).replace(b"\n", b"\n  ")
+        self.first = True
+
+    def message(self, m: dict[str, Any]) -> bytes:
+        # Encoded two levels down, as inside the document: indented alike, and refused by orjson if the
+        # document would be nested deeper than JSON readers accept (as encoding the whole document would).
+        body = orjson.dumps([[m]], option=orjson.OPT_INDENT_2)[10:-6]
+        if self.first:
+            self.first = False
+            return self.head + b',\n  "messages": [\n    ' + body
+        return b",\n    " + body
+
+    def end(self) -> bytes:
+        return self.head + b',\n  "messages": []\n}\n' if self.first else b"\n  ]\n}\n"
+
+
+def _chunks(lines: Iterable[bytes], size: int = 1 << 20) -> Iterator[bytes]:
     buf: list[bytes] = []
     n = 0
     for line in lines:
