@@ -45,6 +45,7 @@ from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root,
 from .backends import open_log
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
+from .views import REASONING_ROLES, text_only
 
 logger = logging.getLogger("context_persistent.snapshot")
 
@@ -220,11 +221,11 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
             await past.close()
     state = store._full()
     source: Any
-    if view == "full":  # the whole history, streamed: never held in memory twice (nor at all, once paged)
+    if view != "request":  # a view of the whole history, streamed: never held in memory twice
         if token_budget is not None:
             raise ValueError("token_budget applies only to view='request'")
-        count = len(state.messages)
-        source = functools.partial(_history, store)
+        count = len(state.messages) if view == "full" else 0  # (the first pass counts)
+        source = functools.partial(view_stream, store, view)
     else:
         listed = await view_messages(store, view, token_budget)
         count = len(listed)
@@ -261,9 +262,9 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
     return header
 
 
-async def _history(store: PersistentContextManager) -> AsyncIterator[dict[str, Any]]:
-    """The full history, a message at a time: ``iter_messages()`` where the store has it, else the messages
-    it holds (read, never changed or copied)."""
+async def history_messages(store: PersistentContextManager) -> AsyncIterator[dict[str, Any]]:
+    """The full history, a message at a time, oldest first: ``iter_messages()`` where the store has it, else
+    the messages it holds (for reading only: they are not copies)."""
     iterate = getattr(store, "iter_messages", None)
     if iterate is not None:
         async for m in iterate():
@@ -273,6 +274,22 @@ async def _history(store: PersistentContextManager) -> AsyncIterator[dict[str, A
         if i and i % 1024 == 0:
             await asyncio.sleep(0)
         yield m
+
+
+async def view_stream(store: PersistentContextManager, view: str) -> AsyncIterator[dict[str, Any]]:
+    """The messages of ``view`` (``full``, ``conversation`` or ``reasoning``; views.py) one at a time, from
+    :func:`history_messages`: the same messages as the store's ``get_*`` methods return, never held together."""
+    sc.check_choice("view", view, ("full", "conversation", "reasoning"))
+    async for m in history_messages(store):
+        if view == "full":
+            yield m
+        elif view == "reasoning":
+            if m.get("role") in REASONING_ROLES:
+                yield m
+        elif m.get("role") in ("user", "assistant"):
+            kept = text_only(m)
+            if kept is not None:
+                yield kept
 
 
 async def _listed(items: list[Any]) -> AsyncIterator[Any]:
@@ -303,13 +320,13 @@ async def _write_streamed(path: Path, header: dict[str, Any], fmt: str,
 
         async def chunks() -> AsyncIterator[bytes]:
             again = hashlib.sha256()
-            writer = sc.JsonWriter(header) if fmt == "json" else None
+            writer = sc.JsonWriter({"header": header}, "messages") if fmt == "json" else None
             if writer is None:
                 yield orjson.dumps(header) + b"\n"
             async for m in source():
                 line = orjson.dumps(m) + b"\n"
                 again.update(line)
-                yield line if writer is None else writer.message(m)
+                yield line if writer is None else writer.item(m)
             if "sha256:" + again.hexdigest() != digest:
                 raise _Changed
             if writer is not None:
