@@ -309,7 +309,7 @@ async def _show_view(args: argparse.Namespace, store: Any, view: str, head: int)
         pairs = _listed(list(zip(messages, seqs))[first:])
     else:
         if view == "full":
-            total = len(store._full().messages)
+            total = len(store._state.messages)  # (known without loading a lazily opened history)
         else:
             total = 0
             async for _ in _streamed(store, view):
