@@ -156,6 +156,28 @@ asyncio.run({"ours": ours, "reference": reference, "sqlite": sqlite}[kind]())
 print(json.dumps(result))
 """
 
+#: Command-line commands measured on the same session (each in a fresh interpreter, output to /dev/null;
+#: ``{out}`` is a file in the working folder).
+CLI_COMMANDS = (("verify", ["verify", "s"]), ("export to JSONL", ["export", "s", "{out}.jsonl"]),
+                ("export to JSON", ["export", "s", "{out}.json"]), ("tail", ["tail", "s"]),
+                ("show -n 20", ["show", "s", "-n", "20"]), ("stats", ["stats", "s"]), ("ls", ["ls"]))
+
+CLI_CHILD = """
+import json, os, sys, time
+from context_persistent.cli import main
+base = peak_rss_kb()
+out = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+t = time.perf_counter()
+rc = main(sys.argv[1:])
+took = time.perf_counter() - t
+sys.stdout.flush()
+os.dup2(out, 1)
+if rc not in (0, 1):
+    raise SystemExit(f"exit status {rc}")
+print(json.dumps({"seconds": took, "base_kb": base, "peak_kb": peak_rss_kb(), "rc": rc}))
+"""
+
 PREPARE = """
 import asyncio, json, sys, time
 from context_persistent import PersistentContextManager
@@ -277,6 +299,18 @@ class _Session:
             os.rename(self.log_path, self.data.log)
         shutil.rmtree(self.work, ignore_errors=True)
 
+    def run_cli(self, argv: list[str]) -> dict[str, Any]:
+        out = self.work / "cli-out"
+        try:
+            args = ["--storage", str(self.work / "ours"), *(a.replace("{out}", str(out)) for a in argv)]
+            return run_capped(CLI_CHILD, args, self.cap_mb, self.timeout)
+        finally:
+            for p in self.work.glob("cli-out*"):
+                p.unlink()
+            for p in self.work.glob(".cli-out*"):
+                p.unlink()
+            self._reset()
+
     def run(self, kind: str, step: str, appends: int) -> dict[str, Any]:
         scratch = self.work / f"{kind}-{step.replace(' ', '-')}"
         scratch.mkdir(mode=0o700)
@@ -309,9 +343,9 @@ def _label(n: int) -> str:
 
 def run(ctx: Ctx) -> list[Row]:
     ctx.defaults(quick={"long_small": 1_000, "long_medium": 5_000, "long_large": 0, "long_appends": 200,
-                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300},
+                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1},
                  full={"long_small": 10_000, "long_medium": 100_000, "long_large": 1_000_000, "long_appends": 1_000,
-                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300})
+                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1})
     sizes = [n for n in (ctx.size("long_small"), ctx.size("long_medium"), ctx.size("long_large")) if n > 0]
     if not sizes:
         return []
@@ -326,13 +360,17 @@ def run(ctx: Ctx) -> list[Row]:
         s = _Session(ctx, n, cap, timeout)
         sessions[n] = s
         rounds = ctx.size("long_large_rounds") if n >= 1_000_000 else min(ctx.rounds, 3)
-        got: dict[str, dict[str, list[dict[str, Any]]]] = {"ours": {}, "reference": {}, "sqlite": {}}
+        got: dict[str, dict[str, list[dict[str, Any]]]] = {"ours": {}, "reference": {}, "sqlite": {}, "cli": {}}
         try:
             for r in range(rounds):
                 for kind, steps in (("ours", STEPS), ("reference", PEER_STEPS), ("sqlite", PEER_STEPS)):
                     for step in steps:
                         ctx.log(f"{_label(n)} messages, {kind}: {step} (round {r + 1}/{rounds})")
                         got[kind].setdefault(step, []).append(s.run(kind, step, appends))
+            if ctx.size("long_cli"):
+                for name, argv in CLI_COMMANDS:
+                    ctx.log(f"{_label(n)} messages, command line: {name}")
+                    got["cli"][name] = [s.run_cli(argv)]
         finally:
             s.close()
         results[n] = got
@@ -396,6 +434,17 @@ def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessio
                 if stopped:
                     row.ok = False
                 rows.append(row)
+        for name, xs in got["cli"].items():
+            stopped = _stopped(xs)
+            row = compare(GROUP, f"{label}: peak RSS, context-persistent {name}", [_peak(xs)], [RSS_TARGET_MB],
+                          unit="MB", target="<= 1", ref_name="the 256 MB target",
+                          note=stop_note(xs) if stopped else (
+                              f"{_seconds(xs):.1f} s; growth over the interpreter: {_growth(xs):,.0f} MB"),
+                          extra={"seconds": [x["seconds"] for x in xs], "stopped": stopped,
+                                 "growth_mb": None if stopped else _growth(xs)})
+            if stopped:
+                row.ok = False
+            rows.append(row)
         for kind, peer in (("reference", REFERENCE), ("sqlite", SQLITE)):
             for step in PEER_STEPS:
                 mine, theirs = got["ours"][step], got[kind][step]

@@ -48,7 +48,8 @@ EXPECTED = {
                      "90: first request, / its 40 cost", "90: 20 appends, / its 40 cost",
                      "90: periodic checkpoint, / its 40 cost", "90: stats(), / its 40 cost",
                      "90: first request: reference module / ours", "90: peak RSS, first request: ours vs SQLiteSession",
-                     "90: 20 appends: SQLiteSession / ours"],
+                     "90: 20 appends: SQLiteSession / ours", "90: peak RSS, context-persistent verify",
+                     "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
 }
 
 
