@@ -82,11 +82,13 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
             "session_id": session_id}, ts, codec.root_crc(session_id))
         f.write(first)
         prev = codec.crc_of(first)
-        # The system prompt first, then the pool's messages in runs (turns stay whole), wrapping around.
+        # The system prompt first, then runs of the pool's whole turns (each from a user message to the next:
+        # every tool result follows its call), picked at random.
+        turns = [i for i, m in enumerate(pool) if m["role"] == "user"]
         order = [0]
         while len(order) < messages:
-            start = rng.randrange(1, POOL - 64)
-            order.extend(range(start, start + rng.randint(8, 64)))
+            t = rng.randrange(0, len(turns) - 9)
+            order.extend(range(turns[t], turns[t + rng.randint(1, 8)]))
         for seq, k in enumerate(order[:messages], 2):
             m = pool[k]
             body = orjson.dumps({**m, "metadata": {"n": seq}})
@@ -126,7 +128,9 @@ async def _force_checkpoint(store: Any) -> None:
     cp = store._checkpoints
     if cp._task is not None:
         await cp._task
-    prep = cp._prepare(store._state, store._log, store._tokenizer_name)
+    session = getattr(store, "_s", store)  # (the store's shared session part, where there is one)
+    name = getattr(session, "tokenizer_name", None) or store._tokenizer_name
+    prep = cp._prepare(store._state, store._log, name)
     await cp._write(prep, store._log)
     if cp.error is not None:
         raise RuntimeError(f"checkpoint failed: {cp.error}")

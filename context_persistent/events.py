@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
+import orjson
+
 from .codec import MAX_DEPTH, check_depth, depth_error, dumps
 
 SESSION_STARTED: Final = "session_started"
@@ -64,3 +66,26 @@ def validate_messages(messages: Any) -> list[bytes]:
 
 def digest(payload: bytes) -> str:
     return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
+_ATOMIC: Final = frozenset((str, int, float, bool, type(None)))
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of JSON-shaped data: new dicts and lists; str, numbers, bools and None are immutable, so shared.
+
+    The cost follows the number of containers, not the bytes: 2.5x faster than an orjson round trip for
+    300-byte messages, 30x for 4 KB ones (docs/performance.md), and far faster than ``copy.deepcopy``.
+    """
+    t = type(value)
+    if t is list:
+        return [v if type(v) in _ATOMIC else copy_json(v) for v in value]
+    if t is dict:
+        out = value.copy()
+        for k, v in out.items():
+            if type(v) not in _ATOMIC:
+                out[k] = copy_json(v)  # replacing a value while iterating is allowed (the size does not change)
+        return out
+    if t in _ATOMIC:
+        return value
+    return orjson.loads(orjson.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does

@@ -169,6 +169,37 @@ def crash_leaves(line: bytes) -> bool:
     return line[-1:] != b"\n" or line.find(b"\0") >= 0
 
 
+def read_line_at(path: Path, position: int) -> bytes:
+    """The log line (one record, with its newline) that starts at byte ``position`` of the log at ``path`` (a
+    session folder or its log file).
+
+    One ``pread`` of 64 KiB, then larger ones until the newline. Raises LogCorruptedError if ``position`` is
+    not inside the file, or the line there does not end (the log is shorter than whoever recorded the position
+    believes). The caller verifies the record (``codec.decode``).
+    """
+    if path.is_dir():
+        path = path / LOG_NAME
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk = 1 << 16
+        parts: list[bytes] = []
+        at = position
+        while True:
+            data = os.pread(fd, chunk, at)
+            if not data:
+                raise LogCorruptedError(str(path), line_at(path, position), position, "no complete record starts "
+                                        "at this byte: the log ends before its newline")
+            nl = data.find(b"\n")
+            if nl >= 0:
+                parts.append(data[: nl + 1])
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.append(data)
+            at += len(data)
+            chunk = min(chunk * 4, 1 << 24)
+    finally:
+        os.close(fd)
+
+
 def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None,
          strict_tail: bool = False) -> Iterator[tuple[dict[str, Any], int]]:
     """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
@@ -229,6 +260,9 @@ class FileEventLog:
         #: The crc of the record at ``last_seq`` (the next record's ``prev``; codec.Links), once known.
         self.last_crc: bytes | None = None
         self.torn: TornTail | None = None
+        #: ``(start, end)`` byte offsets of each record of the batch ``read_batches`` yielded last (the same
+        #: order): where a paged history finds its messages again (pages.py).
+        self.batch_spans: list[tuple[int, int]] = []
         self._lock: FileLock | None = None
         self._fd = -1
         self.size = 0
@@ -332,6 +366,7 @@ class FileEventLog:
                             anchor is not None and anchor.get("prev") is not None)
         breaks: list[tuple[int, int, int, str]] = []
         explained: set[tuple[int, int]] = set()
+        spans: list[tuple[int, int]] = []
         for rec, rec_end in scan(self.path, start, 1 if start == 0 else None, self.size,
                                  strict_tail=self.fsync_mode != "never"):
             n += 1
@@ -349,17 +384,20 @@ class FileEventLog:
             if breaks and rec["type"] == "log_repaired":
                 explained.update((a, b) for a, b in rec["data"].get("gaps", ()))
             last = seq
-            end = rec_end
+            rec_start, end = end, rec_end
             if seq <= floor:
                 continue
             out.append(rec)
+            spans.append((rec_start, rec_end))
             if len(out) >= batch:
+                self.batch_spans = spans
                 yield out
-                out = []
+                out, spans = [], []
         for after, seq, at, problem in breaks:
             if (after, seq) not in explained:
                 raise LogCorruptedError(str(self.path), line_at(self.path, at), at, f"record seq {seq} {problem}")
         if out:
+            self.batch_spans = spans
             yield out
         self.last_seq = max(self.last_seq, last)
         if links.last is not None:

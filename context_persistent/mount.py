@@ -9,7 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .manager import KNOWN_KEYS, PersistentContextManager
+from .config import KNOWN_KEYS
+from .manager import PersistentContextManager
 
 logger = logging.getLogger("context_persistent")
 

@@ -17,6 +17,8 @@ _ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]*")
 LOG_NAME = "events.jsonl"
 LOCK_NAME = "lock"
 CHECKPOINT_NAME = "checkpoint.json"
+#: An earlier checkpoint file whose state section the current checkpoint refers to (checkpoint/store.py).
+CHECKPOINT_BASE_NAME = "checkpoint.base"
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from . import events as ev
 from .codec import FORMAT_VERSION
@@ -86,18 +86,24 @@ class LazyList:
     ("Lazy open").
     """
 
-    __slots__ = ("_bulk", "_known", "_tail", "_full", "system_indices")
+    __slots__ = ("_bulk", "_known", "_tail", "_full", "system_indices", "_pager")
 
-    def __init__(self, bulk: _Bulk, known: dict[int, Any], system_indices: list[int] | None = None) -> None:
+    def __init__(self, bulk: _Bulk, known: dict[int, Any], system_indices: list[int] | None = None,
+                 pager: Pager | None = None) -> None:
         self._bulk = bulk
+        #: For the messages list of a paged history: items that are ints are refs, read through it.
+        self._pager = pager
         self._known = known
         self._tail: list[Any] = []
         self._full: list[Any] | None = None
         #: For the messages list: every system/developer index (complete), so a windowed rebuild need not scan.
         self.system_indices = system_indices
 
-    def _fill(self, base: list[Any]) -> None:
+    def _fill(self, base: Any) -> None:
+        paged = type(base) is PagedList
         for i, v in self._known.items():  # newer than the bulk (token counts made since it was written)
+            if paged and type(v) is dict and type(base.items[i]) is int:
+                continue  # (a message the front section held, which the bulk refers to: keep the ref)
             base[i] = v
         base.extend(self._tail)
         self._full, self._known, self._tail = base, {}, []
@@ -136,11 +142,13 @@ class LazyList:
         j = self._index(i)
         n = self._bulk.n
         if j >= n:
-            return self._tail[j - n]
-        try:
-            return self._known[j]
-        except KeyError:
-            return self._all()[j]
+            v = self._tail[j - n]
+        else:
+            try:
+                v = self._known[j]
+            except KeyError:
+                return self._all()[j]
+        return self._pager.fetch(v) if type(v) is int and self._pager is not None else v
 
     def __setitem__(self, i: Any, value: Any) -> None:
         if self._full is not None or type(i) is slice:
@@ -160,7 +168,8 @@ class LazyList:
         if self._full is not None:
             return self._full[i]
         n = self._bulk.n
-        return self._tail[i - n] if i >= n else self._known.get(i, default)
+        v = self._tail[i - n] if i >= n else self._known.get(i, default)
+        return self._pager.fetch(v) if type(v) is int and self._pager is not None else v
 
     def known_indices(self) -> list[int]:
         """The indices served without loading, in order."""
@@ -173,8 +182,10 @@ class LazyList:
         if self._full is not None:
             self._full.append(value)
             return
-        if self.system_indices is not None and type(value) is dict and value.get("role") in SYSTEM_ROLES:
-            self.system_indices.append(len(self))
+        if self.system_indices is not None:
+            m = self._pager.fetch(value) if type(value) is int and self._pager is not None else value
+            if type(m) is dict and m.get("role") in SYSTEM_ROLES:
+                self.system_indices.append(len(self))
         self._tail.append(value)
 
     def __delitem__(self, i: Any) -> None:
@@ -212,6 +223,87 @@ class LazyList:
         return f"<LazyList {len(self)} items, {len(self._known) + len(self._tail)} in memory>"
 
 
+class Pager(Protocol):
+    """Where a paged history reads its messages (pages.MessageReader): ``fetch(ref)`` and ``put(ref, message,
+    size)``."""
+
+    def fetch(self, ref: int) -> dict[str, Any]: ...
+
+    def put(self, ref: int, message: dict[str, Any], size: int) -> None: ...
+
+
+class PagedList:
+    """The messages of a history whose items are messages (dicts) or references to them in the log (ints,
+    pages.make_ref). Reads resolve references through the pager (a small cache, then the log); the list
+    itself holds one int per message. Structural changes (append, delete, slices) work on the items as they
+    are, so nothing is read for them. ``items`` is the raw list (what a checkpoint stores).
+    """
+
+    __slots__ = ("items", "pager")
+
+    def __init__(self, items: list[Any], pager: Pager) -> None:
+        self.items = items
+        self.pager = pager
+
+    def _get(self, v: Any) -> Any:
+        return self.pager.fetch(v) if type(v) is int else v
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        if type(i) is slice:
+            fetch = self.pager.fetch
+            return [fetch(v) if type(v) is int else v for v in self.items[i]]
+        v = self.items[i]
+        return self.pager.fetch(v) if type(v) is int else v
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        self.items[i] = value
+
+    def __delitem__(self, i: Any) -> None:
+        del self.items[i]
+
+    def append(self, value: Any) -> None:
+        self.items.append(value)
+
+    def extend(self, values: Any) -> None:
+        self.items.extend(values.items if type(values) is PagedList else values)
+
+    def __iter__(self) -> Iterator[Any]:
+        fetch = self.pager.fetch
+        for v in self.items:
+            yield fetch(v) if type(v) is int else v
+
+    def __contains__(self, value: Any) -> bool:
+        return any(m == value for m in self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PagedList, LazyList, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def index(self, value: Any, *args: Any) -> int:
+        start = args[0] if args else 0
+        for i in range(start, len(self.items)):
+            if self[i] == value:
+                return i
+        raise ValueError(f"{value!r} is not in list")
+
+    def count(self, value: Any) -> int:
+        return sum(1 for m in self if m == value)
+
+    def __repr__(self) -> str:
+        return f"<PagedList {len(self.items)} messages>"
+
+
+def raw_items(messages: Any) -> list[Any]:
+    """The items of a history as stored: messages, or refs where the history is paged (never reads)."""
+    return messages.items if type(messages) is PagedList else list(messages)
+
+
 class Projection:
     """Full history plus pins, as of ``head_seq``. Mutated only by :meth:`apply`.
 
@@ -221,10 +313,13 @@ class Projection:
     """
 
     __slots__ = ("messages", "keys", "tokens", "pinned", "head_seq", "has_history", "session", "version",
-                 "counts", "counted_version", "removed")
+                 "counts", "counted_version", "removed", "pager")
 
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
+    def __init__(self, pager: Pager | None = None) -> None:
+        #: With a pager (a file log's MessageReader), messages are kept as refs to their records wherever
+        #: :meth:`apply` is given the record's position: ``messages`` is then a :class:`PagedList`.
+        self.pager = pager
+        self.messages: list[dict[str, Any]] = PagedList([], pager) if pager is not None else []  # type: ignore[assignment]
         self.keys: list[int] = []
         #: Token count of each message under the manager's counter, ``None`` until first needed.
         self.tokens: list[int | None] = []
@@ -246,14 +341,45 @@ class Projection:
         #: and repair delete the checkpoint; the next one is written past these records, so need not keep them.)
         self.removed: list[tuple[int, int]] = []
 
-    def apply(self, rec: dict[str, Any]) -> None:
-        """Fold one record into the state; InvalidRecordError if its data lacks what its type needs."""
+    def apply(self, rec: dict[str, Any], position: int | None = None, length: int = 0) -> None:
+        """Fold one record into the state; InvalidRecordError if its data lacks what its type needs.
+
+        ``position``: where the record starts in the log (and ``length``, its line's bytes): a paged projection
+        then keeps refs to its messages instead of the messages (they stay in the pager's cache for a while).
+        """
         try:
-            self._apply(rec)
+            self._apply(rec, position if self.pager is not None else None, length)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
             raise InvalidRecordError(rec.get("seq"), rec.get("type"), f"{type(e).__name__}: {e}") from None
 
-    def _apply(self, rec: dict[str, Any]) -> None:
+    def _paged(self, items: list[Any]) -> Any:
+        return PagedList(items, self.pager) if self.pager is not None else items
+
+    def _refs(self, position: int | None, msgs: list[Any], indices: Any, length: int) -> list[Any]:
+        """The items for ``msgs[i]`` (``i`` in ``indices``) of the record at ``position``: refs (the messages
+        go to the pager's cache) where the record's position is known, else the messages."""
+        if position is None:
+            return [msgs[i] for i in indices]
+        pager = self.pager
+        assert pager is not None
+        share = max(1, length // max(1, len(msgs)))
+        out = []
+        for i in indices:
+            ref = (position << INDEX_BITS) | i
+            pager.put(ref, msgs[i], share)
+            out.append(ref)
+        return out
+
+    def _with_head(self, head: list[Any], n: int) -> Any:
+        """The history with its first ``n`` items replaced by ``head`` (never reads a paged history's messages)."""
+        messages: Any = self.messages
+        if type(messages) is LazyList:
+            messages = messages._all()
+        if type(messages) is PagedList:
+            return PagedList([*head, *messages.items[n:]], messages.pager)
+        return [*head, *messages[n:]]
+
+    def _apply(self, rec: dict[str, Any], position: int | None = None, length: int = 0) -> None:
         seq = rec["seq"]
         kind = rec["type"]
         data = rec["data"]
@@ -265,7 +391,12 @@ class Projection:
             message = data["message"]
             if type(message) is not dict:
                 raise TypeError(f"data.message is {type(message).__name__}, not a message object")
-            self.messages.append(message)
+            if position is not None:
+                ref = position << INDEX_BITS
+                self.pager.put(ref, message, length)  # type: ignore[union-attr]
+                self.messages.append(ref)  # type: ignore[arg-type]
+            else:
+                self.messages.append(message)
             self.keys.append(seq << INDEX_BITS)
             self.tokens.append(None)
             self.has_history = True
@@ -273,13 +404,13 @@ class Projection:
             msgs = data["messages"]
             if type(msgs) is not list or any(type(m) is not dict for m in msgs):
                 raise TypeError("data.messages is not a list of message objects")
-            self.messages = list(msgs)
+            self.messages = self._paged(self._refs(position, msgs, range(len(msgs)), length))
             self.keys = [make_key(seq, i) for i in range(len(msgs))]
             self.tokens = [None] * len(msgs)
             self.pinned = set()
             self.has_history = True
         elif kind == ev.CLEARED:
-            self.messages = []
+            self.messages = self._paged([])
             self.keys = []
             self.tokens = []
             self.pinned = set()
@@ -311,9 +442,9 @@ class Projection:
                 del self.messages[-n:], self.keys[-n:], self.tokens[-n:]
                 self.pinned.difference_update(keys)
         elif kind == ev.SYSTEM_PROMPT_SET:
-            self._set_system_prompt(seq, data["messages"])
+            self._set_system_prompt(seq, data["messages"], position, length)
         elif kind == ev.ERASED:
-            self._apply_erased(seq, data)
+            self._apply_erased(seq, data, position, length)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -354,22 +485,23 @@ class Projection:
             n += 1
         return n
 
-    def _set_system_prompt(self, seq: int, new: Any) -> None:
+    def _set_system_prompt(self, seq: int, new: Any, position: int | None = None, length: int = 0) -> None:
         """``system_prompt_set``: the leading system messages become ``new`` (keys ``seq << 20 | i``)."""
         if type(new) is not list or not new or any(type(m) is not dict or m.get("role") != "system" for m in new):
             raise TypeError("data.messages is not a non-empty list of system messages")
         n = self.leading_system_count()
         self.pinned.difference_update(self.keys[i] for i in range(n))
+        items = self._refs(position, new, range(len(new)), length)
         if n == len(new):  # the usual change: same positions, replaced in place (a lazy list stays lazy)
-            for i, m in enumerate(new):
+            for i, m in enumerate(items):
                 self.messages[i], self.keys[i], self.tokens[i] = m, make_key(seq, i), None
         else:
-            self.messages = [*new, *self.messages[n:]]
+            self.messages = self._with_head(items, n)
             self.keys = [*(make_key(seq, i) for i in range(len(new))), *self.keys[n:]]
             self.tokens = [*([None] * len(new)), *self.tokens[n:]]
         self.has_history = True
 
-    def _apply_erased(self, seq: int, data: dict[str, Any]) -> None:
+    def _apply_erased(self, seq: int, data: dict[str, Any], position: int | None = None, length: int = 0) -> None:
         """An erasure tombstone (erasure.py) in place of the record that held the erased messages: the record's
         other messages apply as before, the erased ones as if redacted."""
         gone = {e["index"] for e in data["erased"]}
@@ -392,11 +524,11 @@ class Projection:
                     raise TypeError("data.messages of an erased system_prompt_set holds a non-system message")
                 n = self.leading_system_count()
                 self.pinned.difference_update(self.keys[i] for i in range(n))
-                self.messages = [*(msgs[i] for i in kept), *self.messages[n:]]
+                self.messages = self._with_head(self._refs(position, msgs, kept, length), n)
                 self.keys = [*(make_key(seq, i) for i in kept), *self.keys[n:]]
                 self.tokens = [*([None] * len(kept)), *self.tokens[n:]]
             else:
-                self.messages = [msgs[i] for i in kept]
+                self.messages = self._paged(self._refs(position, msgs, kept, length))
                 self.keys = [make_key(seq, i) for i in kept]
                 self.tokens = [None] * len(kept)
                 self.pinned = set()
@@ -446,15 +578,15 @@ class Projection:
 
     @classmethod
     def lazy(cls, meta: dict[str, Any], n: int, known: dict[int, tuple[Any, int, int | None]],
-             system_indices: list[int], loader: BaseLoader) -> "Projection":
+             system_indices: list[int], loader: BaseLoader, pager: Pager | None = None) -> "Projection":
         """A projection of ``n`` messages holding only ``known`` (``index -> (message, key, tokens)``) in memory.
 
         ``system_indices`` must list every system/developer message (the windowed rebuild relies on it);
         ``loader()`` returns the complete ``(messages, keys, tokens)`` lists when something needs the rest.
         """
-        p = cls()
+        p = cls(pager)
         bulk = _Bulk(n, loader, p)
-        lists = (LazyList(bulk, {i: v[0] for i, v in known.items()}, list(system_indices)),
+        lists = (LazyList(bulk, {i: v[0] for i, v in known.items()}, list(system_indices), pager),
                  LazyList(bulk, {i: v[1] for i, v in known.items()}),
                  LazyList(bulk, {i: v[2] for i, v in known.items()}))
         bulk.lists = lists
@@ -471,10 +603,15 @@ class Projection:
         self.counts = dict(facts.get("counts", {}))
 
     # -- checkpoint support -------------------------------------------------------------------------
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, refs: bool = False) -> dict[str, Any]:
+        """The state as a checkpoint stores it. ``refs``: a paged history's messages stay refs to the log (what a
+        checkpoint writes); else they are the messages (all read: for comparisons, never on a large history)."""
         self.materialise()
+        messages: Any = self.messages
+        if type(messages) is PagedList:
+            messages = messages.items if refs else list(messages)
         return {
-            "messages": self.messages,
+            "messages": messages,
             "keys": self.keys,
             "tokens": self.tokens,
             "pinned": sorted(self.pinned),
@@ -491,16 +628,17 @@ class Projection:
         which is safe because a stored message is never changed in place (every event that changes the
         history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint/payload.py).
         """
-        state = self.to_state()
+        state = self.to_state(refs=True)
         for key in ("messages", "keys", "tokens"):
             state[key] = list(state[key])
         state["session"], state["counts"] = dict(self.session), dict(self.counts)
         return state
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Projection":
-        p = cls()
-        p.messages = list(state["messages"])
+    def from_state(cls, state: dict[str, Any], pager: Pager | None = None) -> "Projection":
+        """The projection a checkpoint's state holds. Its messages may be refs (ints): they need ``pager``."""
+        p = cls(pager)
+        p.messages = p._paged(list(state["messages"]))
         p.keys = list(state["keys"])
         p.tokens = list(state["tokens"])
         if not (len(p.messages) == len(p.keys) == len(p.tokens)):

@@ -45,6 +45,7 @@ from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_c
 from .errors import SessionNotFoundError
 from .log import FileLock, crash_leaves, data_size
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
+from .pages import MessageReader
 from .projection import Projection
 from .semantic import Finding, check as semantic_check
 
@@ -188,7 +189,8 @@ class _Walk:
         self.chained = False
         self.foreign: set[Any] = set()  # crcs of the records quarantined as foreign
         self.progress = progress
-        self.state = Projection() if fold else None
+        # (a paged fold: messages stay refs into this log, read back only to compare, so memory stays bounded)
+        self.state = Projection(MessageReader(path)) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None
@@ -321,7 +323,7 @@ class _Walk:
             self.keep(raw)
         if self.state is not None:
             try:
-                self.state.apply(rec)
+                self.state.apply(rec, offset, len(raw))
             except Exception as e:  # a valid checksum but a shape this program cannot fold
                 self.problems.append(Problem("unloadable", n, offset, len(raw),
                                              f"record seq {seq} ({rec['type']}) cannot be loaded: "
@@ -368,6 +370,22 @@ def _normal(state: dict[str, Any]) -> Any:
     return out
 
 
+def _same_state(state: Projection, stored: dict[str, Any]) -> bool:
+    """Whether a checkpoint's state equals the fold, token counts left out; messages compared one at a time
+    (refs to the same record are equal without reading it; a ref and a message are compared by content)."""
+    mine = state.to_state(refs=True)
+    theirs = dict(stored)
+    a, b = mine.pop("messages"), theirs.pop("messages", None)
+    if _normal(mine) != _normal(theirs) or not isinstance(b, list) or len(a) != len(b):
+        return False
+    pager = state.pager
+
+    def get(v: Any) -> Any:
+        return pager.fetch(v) if type(v) is int and pager is not None else v
+
+    return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
+
+
 def _check_checkpoint(directory: Path, session_id: str
                       ) -> tuple[dict[str, Any], Callable[[dict[str, Any], int, Projection | None], None], Callable[[_Walk], None]]:
     """The checkpoint status, filled in during the walk (``on_record``) and after it (``finish``)."""
@@ -396,7 +414,7 @@ def _check_checkpoint(directory: Path, session_id: str
             return
         if rec["seq"] == cp.state_seq:  # the state section is at the base of a based checkpoint (or at seq)
             seen["same"] = (state is not None and cp.state is not None
-                            and _normal(state.to_state()) == _normal(cp.state))
+                            and _same_state(state, cp.state))
             if cp.base is not None:
                 seen["base"] = end == cp.base["position"] and rec.get("crc") == cp.base["last_crc"]
         if rec["seq"] == cp.seq:

@@ -2,7 +2,11 @@
 checkpoint without loading the history: a new header and a front section recomputed from what is in memory,
 followed by the old checkpoint's state section copied byte for byte; ``base`` in the header says where that
 section is, and loading the rest replays the log from there (checkpoint.Checkpointer._prepare, _splice_base,
-_replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole."""
+_replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole.
+
+Where the file system can, a based checkpoint refers to the old section instead (``checkpoint.base``, a hard
+link: tests/test_bounded_memory.py); these tests are about the copy, which is what a store does where it cannot
+link, so they turn the link off."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import pytest
 
 from context_persistent import PersistentContextManager
 from context_persistent.checkpoint import policy as cpmod
-from context_persistent.checkpoint import CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
+from context_persistent.checkpoint import CHECKPOINT_VERSION, CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
 from context_persistent.errors import LogCorruptedError
 from context_persistent.log import scan
 from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
@@ -40,6 +44,11 @@ async def _open(storage: Path, **config: Any) -> PersistentContextManager:
     store = await PersistentContextManager.open(storage_path=storage, session_id=S, **{**CONFIG, **config})
     store.WINDOW_MIN_MESSAGES = 512
     return store
+
+
+@pytest.fixture(autouse=True)
+def _copy_not_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FileCheckpointStore, "keep_as_base", lambda self, src: False)
 
 
 def _cp_path(storage: Path) -> Path:
@@ -69,7 +78,7 @@ async def _session(storage: Path, *, count: bool = True, pins: tuple[int, ...] =
         else:
             await _append(store, EVERY, "early")
     head = _header(storage)
-    assert head["checkpoint"] == 3 and head["base"] is None and head["front_bytes"] > 4
+    assert head["checkpoint"] == CHECKPOINT_VERSION and head["base"] is None and head["front_bytes"] > 4
     assert (head["tokenizer"] is not None) == count
     return head
 
@@ -155,7 +164,7 @@ async def _based(storage: Path, loads: list[int], **session: Any) -> tuple[dict[
 # -- 1. a periodic checkpoint of a lazy store copies the state section --------------------------------------
 async def test_a_lazy_store_writes_a_based_checkpoint_without_loading(storage: Path, loads: list[int]) -> None:
     first, head = await _based(storage, loads)
-    assert head["checkpoint"] == 3
+    assert head["checkpoint"] == CHECKPOINT_VERSION
     assert head["base"] == {"seq": first["seq"], "position": first["position"], "last_crc": first["last_crc"]}
     assert head["tokenizer"] == first["tokenizer"] == "chars/4"
     want = await _reference(storage)
@@ -493,7 +502,7 @@ async def test_a_checkpoint_of_layout_2_is_still_read(storage: Path, loads: list
         assert store._state.is_lazy and store._checkpoints.loaded_seq == first["seq"]
         await _append(store, EVERY)  # a layout-2 state section is copied like any other
         head = _header(storage)
-        assert head["checkpoint"] == 3 and head["base"] == _anchor(first) and store._state.is_lazy
+        assert head["checkpoint"] == CHECKPOINT_VERSION and head["base"] == _anchor(first) and store._state.is_lazy
     want = await _reference(storage)
     async with await _open(storage) as store:
         assert await _facts(store) == want

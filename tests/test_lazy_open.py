@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import decode
+from context_persistent.checkpoint import CHECKPOINT_VERSION, decode
 from context_persistent.errors import LogCorruptedError
 from context_persistent.log import scan
 from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
@@ -170,7 +170,7 @@ async def test_a_checkpoint_of_the_previous_layout_is_ignored(storage: Path) -> 
     """A checkpoint written by the previous layout (1, no front section) is refused by its version."""
     await _long_session(storage, turns=100, checkpoint_every=1)
     path = storage / S / CHECKPOINT_NAME
-    path.write_bytes(path.read_bytes().replace(b'{"checkpoint":3,', b'{"checkpoint":1,', 1))
+    path.write_bytes(path.read_bytes().replace(b'{"checkpoint":%d,' % CHECKPOINT_VERSION, b'{"checkpoint":1,', 1))
     async with await _open(storage) as store:
         assert "payload layout 1" in store.stats()["checkpoint"]["ignored"]
         assert await store.get_messages() == _fold(storage).messages

@@ -25,8 +25,11 @@ Payload layout (bytes)::
      "base":null|{"seq":B,"position":Q,"last_crc":"…"}}\\n                     <- header line
     <F bytes: the front section JSON, or null>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the header line and the front section
-    <L bytes: the state JSON, Projection.to_state()>\\n
+    <L bytes: the state JSON, Projection.to_state(refs=True)>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the state section
+
+Layout 4: beside a file log the state's ``messages`` are refs into the log (``position << 20 | index``,
+pages.py), not message contents; layouts 2 and 3 (contents) are still read (docs/format.md, "Checkpoints").
 
 The front section (:func:`front_of`) is what the first request view of a long session needs: the session
 facts, every system/developer message, the first turns, each pinned message with the turns around it, and the
@@ -37,8 +40,10 @@ descriptor opened at open (a newer checkpoint renamed over it later does not cha
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 
 A *based* checkpoint (``base`` not null) is what a store writes while its history is still lazy: a new header
-and front section, followed by the state section of the checkpoint it was opened from, copied byte for byte
-(not loaded): that section is at ``base``, and loading the rest replays the log from ``base.position`` up to
+and front section, and the state section of the checkpoint it was opened from, not loaded: by reference
+(``state_in``: the section stays in that file, kept as ``checkpoint.base`` by a hard link, so a periodic
+checkpoint costs the front section only) or, where the file system cannot link, copied byte for byte after the
+front: that section is at ``base``, and loading the rest replays the log from ``base.position`` up to
 ``position``. So a periodic checkpoint never has to load a lazily opened history (seconds at a million
 messages). The log between is bounded (``BASE_MAX_FACTOR``), and ``base`` is anchored like ``seq`` (its
 record's seq and CRC at its position). Layout 2 (no ``base``) is still read.

@@ -148,7 +148,7 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
     }
 
 
-def restore_front(cp: Checkpoint, tokenizer: Callable[[], str], loader: BaseLoader) -> Projection:
+def restore_front(cp: Checkpoint, tokenizer: Callable[[], str], loader: BaseLoader, pager: Any = None) -> Projection:
     """A lazy projection from ``cp.front``; ``loader()`` returns the whole state's lists when needed."""
     front = cp.front
     assert front is not None
@@ -166,7 +166,7 @@ def restore_front(cp: Checkpoint, tokenizer: Callable[[], str], loader: BaseLoad
         if any(t is not None for t in toks) and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
             toks = [None] * len(toks)  # counted by another tokenizer: count again, lazily
         state = Projection.lazy(front["meta"], n, {i: (m, k, t) for i, m, k, t in zip(idx, msgs, keys, toks)},
-                                system, loader)
+                                system, loader, pager)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, CheckpointError):
             raise

@@ -12,14 +12,16 @@ from typing import Any
 import orjson
 
 from .. import codec
-from ..projection import Projection
+from ..paths import CHECKPOINT_BASE_NAME
+from ..projection import Projection, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it.
-CHECKPOINT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
-#: The projection layout a payload was written for: a new field invalidates old checkpoints by itself.
-SCHEMA = sorted(Projection.__slots__)
+CHECKPOINT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
+#: The projection layout a payload was written for: a new field invalidates old checkpoints by itself. (The
+#: pager is where messages are read from, not state.)
+SCHEMA = sorted(s for s in Projection.__slots__ if s != "pager")
 #: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
 DUMP_STEP = 16_384
 _TRAILER = 9  # 8 hex digits + newline
@@ -46,6 +48,9 @@ class Checkpoint:
     #: None: the state section is at ``seq``. Else ``{"seq", "position", "last_crc"}`` of the older record the
     #: state section is at; the log from there up to ``position`` brings it to ``seq`` (a "based" checkpoint).
     base: dict[str, Any] | None = None
+    #: None: the state section follows the front. Else ``{"file", "offset", "crc"}``: it is in that earlier
+    #: checkpoint file of the session folder (``checkpoint.base``), at ``offset``, its CRC line ``crc``.
+    state_in: dict[str, Any] | None = None
 
     @property
     def state_seq(self) -> int:
@@ -55,7 +60,7 @@ class Checkpoint:
 
 def snapshot(state: Projection) -> bytes:
     """The projection state as JSON bytes, in one ``orjson.dumps`` call (O(state))."""
-    return orjson.dumps(state.to_state())
+    return orjson.dumps(state.to_state(refs=True))
 
 
 async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
@@ -84,14 +89,14 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
 
 def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: str | None,
                  last_crc: str | None, tokenizer: str | None, state_bytes: int, front_json: bytes = b"null",
-                 base: dict[str, Any] | None = None) -> bytes:
+                 base: dict[str, Any] | None = None, state_in: dict[str, Any] | None = None) -> bytes:
     """The header line, the front section and its CRC line: what precedes a state section of
     ``state_bytes`` bytes (the section and its own CRC line follow)."""
     header = orjson.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
         "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": state_bytes,
-        "base": base,
+        "base": base, **({"state_in": state_in} if state_in is not None else {}),
     })
     crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
     return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1))
@@ -144,7 +149,7 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
         cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
                         first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
                         format=head["format"], schema=head["schema"], state=state, front=front,
-                        base=head.get("base"))
+                        base=head.get("base"), state_in=head.get("state_in"))
     except KeyError as e:
         raise CheckpointError(f"malformed payload: header lacks {e}") from None
     if not isinstance(cp.seq, int) or cp.seq < 1 or not (state is None or isinstance(state, dict)):
@@ -155,6 +160,13 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
             and isinstance(base.get("position"), int) and isinstance(cp.position, int)
             and 0 < base["position"] < cp.position and isinstance(base.get("last_crc"), str)):
         raise CheckpointError(f"malformed payload: base {base!r} for seq {cp.seq}")
+    where = cp.state_in
+    if where is not None and not (
+            cp.base is not None and isinstance(where, dict) and where.get("file") == CHECKPOINT_BASE_NAME
+            and type(where.get("offset")) is int and where["offset"] > 0 and isinstance(where.get("crc"), str)
+            and len(where["crc"]) == 8):
+        raise CheckpointError(f"malformed payload: state_in {where!r} (only a based checkpoint names a state "
+                              f"section in {CHECKPOINT_BASE_NAME})")
     if front is not None and not isinstance(front, dict):
         raise CheckpointError("malformed payload: the front section is not an object")
     return cp
@@ -178,6 +190,11 @@ def decode(data: bytes) -> Checkpoint:
     view = memoryview(data)
     _check_crc(view[:split], "header/front")
     _check_crc(view[split:], "state")
+    where = head.get("state_in")
+    if isinstance(where, dict) and bytes(view[-_TRAILER:-1]) != str(where.get("crc")).encode():
+        raise CheckpointError(f"the state section in {CHECKPOINT_BASE_NAME} is not the one the checkpoint names "
+                              f"(CRC {bytes(view[-_TRAILER:-1]).decode('ascii', 'replace')}, expected "
+                              f"{where.get('crc')})")
     try:
         front = orjson.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
         state = orjson.loads(view[split : len(data) - _TRAILER - 1])
@@ -199,18 +216,27 @@ def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
     return None
 
 
-def restore(cp: Checkpoint, tokenizer: Callable[[], str]) -> Projection:
-    """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted."""
+def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> Projection:
+    """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted.
+
+    Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one (a backend
+    without byte positions) such a state cannot be used."""
     if cp.state is None:
         raise CheckpointError("the state section was not read")
     try:
-        state = Projection.from_state(cp.state)
+        state = Projection.from_state(cp.state, pager)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
     if state.head_seq != cp.state_seq:
         raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.state_seq}")
-    if not all(isinstance(k, int) for k in state.keys) or not all(isinstance(m, dict) for m in state.messages):
-        raise CheckpointError("state holds keys that are not integers or messages that are not objects")
+    items = raw_items(state.messages)
+    if not all(type(k) is int for k in state.keys) or not all(type(m) is dict or type(m) is int and m >= 0
+                                                              for m in items):
+        raise CheckpointError("state holds keys that are not integers or messages that are neither objects nor "
+                              "references to the log")
+    if pager is None and any(type(m) is int for m in items):
+        raise CheckpointError("state refers to messages by their position in the log, which only the file "
+                              "log it was written beside can resolve")
     counted = any(t is not None for t in state.tokens)
     if counted and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
         state.tokens = [None] * len(state.tokens)  # counted by another tokenizer: count again, lazily

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..paths import CHECKPOINT_BASE_NAME
 from ..projection import LoadRefused, Projection
 from .front import SystemIndex, front_of, restore_front
 from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front, mismatch,
@@ -55,6 +56,26 @@ class _Prepared:
     #: (descriptor of the checkpoint file, owned by the write; offset, length) of the state section to copy
     splice: tuple[int, int, int] | None = None
 
+def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int) -> int:
+    """Store a based checkpoint whose state section is the one in the open file ``src`` (closed here): by
+    reference, keeping that file as ``checkpoint.base`` (O(1): nothing of the section is read or written), or,
+    where the file system cannot link it, by copying the section after the new front."""
+    try:
+        linked = store.keep_as_base(src)
+        crc = os.pread(src, 8, offset + length + 1).decode("ascii", "replace") if linked else ""
+    except BaseException:
+        os.close(src)
+        raise
+    if not linked:
+        prefix = encode_front(state_bytes=length, **fields)
+        return store.save_copying(prefix, src, offset, length + 1 + _TRAILER)  # (closes src)
+    try:
+        where = {"file": CHECKPOINT_BASE_NAME, "offset": offset, "crc": crc}
+        return store.save_front_only(encode_front(state_bytes=length, state_in=where, **fields))
+    finally:
+        os.close(src)
+
+
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
 
@@ -87,26 +108,40 @@ class Checkpointer:
         #: which a new checkpoint can copy instead of loading and serialising the whole history.
         self._lazy_source: tuple[Any, int, int, Checkpoint] | None = None
         self._system = SystemIndex()
+        #: Where a file log's messages are read from (pages.MessageReader; set by the manager): the states this
+        #: loads keep refs to the log instead of messages. None: messages are held (other backends).
+        self.pager: Any = None
+        #: Set by the manager: ``() -> (n, total)``, the first n messages' token counts summing to total (known
+        #: without reading the history), or None. A front section records it, so stats() after the next open
+        #: counts only the messages after those n.
+        self.token_total: Callable[[], tuple[int, int] | None] | None = None
+        #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
+        self.loaded_total: tuple[int, int] | None = None
 
     # -- loading --------------------------------------------------------------------------------------
     async def load(self, log: Any, tokenizer: Callable[[], str]) -> Projection:
         """Checkpoint + tail replay when a valid checkpoint exists, else a full replay."""
         cp, state = await self._usable(log, tokenizer)
         if cp is None or state is None:
-            return await self._replay(log, Projection(), 0, None)
+            return await self._replay(log, Projection(self.pager), 0, None)
         if cp.base is not None and cp.state is not None:  # read whole: the state section is at the base
             tail = await self._replay(log, state, cp.base["seq"], cp.base["position"])
         else:
             tail = await self._replay(log, state, cp.seq, cp.position)
         if log.last_seq < cp.seq:  # the log ends before the checkpoint (a backend that cannot check the anchor)
             await self._reject(f"it is at seq {cp.seq} but the log ends at seq {log.last_seq}")
-            return await self._replay(log, Projection(), 0, None)
+            return await self._replay(log, Projection(self.pager), 0, None)
         self.seq = self.loaded_seq = cp.seq
         self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
         if cp.state is None:  # lazy: the front section says how many counts the stored state holds
-            counted = (cp.front or {}).get("counted")
+            front = cp.front or {}
+            counted = front.get("counted")
             self.counted = counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0
+            summed, n = front.get("tokens_total"), front.get("n")
+            if (isinstance(summed, list) and len(summed) == 2 and all(type(v) is int and v >= 0 for v in summed)
+                    and type(n) is int and summed[0] <= n and cp.tokenizer == tokenizer()):
+                self.loaded_total = (summed[0], summed[1])
         else:
             self.counted = _counted(state)
         logger.debug("session %s: resumed from the checkpoint at seq %d, replayed %d newer events",
@@ -153,8 +188,8 @@ class Checkpointer:
             reason = mismatch(cp, session_id=self.session_id) or await self._anchor_mismatch(cp, log)
             if reason is None:
                 if opened is None:
-                    return cp, restore(cp, tokenizer)
-                state = restore_front(cp, tokenizer, state_loader)
+                    return cp, restore(cp, tokenizer, self.pager)
+                state = restore_front(cp, tokenizer, state_loader, self.pager)
                 self._system.seed(state)
                 self._lazy_file = f
                 self._lazy_source = (f, offset, length, cp)
@@ -183,7 +218,7 @@ class Checkpointer:
                    log: Any) -> tuple[list[Any], list[Any], list[Any]]:
         try:
             try:
-                state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer)
+                state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer, self.pager)
             finally:
                 f.close()
             if cp.base is not None:
@@ -206,11 +241,13 @@ class Checkpointer:
         from ..log import scan
 
         assert cp.base is not None and isinstance(cp.position, int)
-        for rec, _ in scan(log.path, cp.base["position"], None, cp.position):
+        start = cp.base["position"]
+        for rec, end in scan(log.path, start, None, cp.position):
             if rec["seq"] <= state.head_seq or rec["seq"] > cp.seq:
                 raise CheckpointError(f"the log between the state section (seq {state.head_seq}) and the front "
                                       f"(seq {cp.seq}) holds seq {rec['seq']}")
-            state.apply(rec)
+            state.apply(rec, start, end - start)
+            start = end
         if state.head_seq != cp.seq:
             raise CheckpointError(f"the log from the state section's seq {cp.base['seq']} reaches seq "
                                   f"{state.head_seq}, the checkpoint is at seq {cp.seq}")
@@ -219,11 +256,13 @@ class Checkpointer:
         """The log folded up to ``cp``'s record (records verified as they are read)."""
         from ..log import scan
 
-        state = Projection()
-        for rec, _ in scan(log.path, 0, 1, cp.position):
+        state = Projection(self.pager)
+        start = 0
+        for rec, end in scan(log.path, 0, 1, cp.position):
             if rec["seq"] > cp.seq:
                 break
-            state.apply(rec)
+            state.apply(rec, start, end - start)
+            start = end
         if state.head_seq != cp.seq:
             raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
         return state
@@ -261,11 +300,17 @@ class Checkpointer:
 
     async def _replay(self, log: Any, state: Projection, after_seq: int, position: int | None) -> Projection:
         apply = state.apply
+        paged = self.pager is not None and state.pager is not None
         async for batch in log.read_batches(after_seq, position):
             if after_seq == 0 and batch and self.first_crc is None:
                 self.first_crc = batch[0].get("crc")
-            for rec in batch:
-                apply(rec)
+            spans = getattr(log, "batch_spans", None) if paged else None
+            if spans is not None and len(spans) == len(batch):  # (the file log: where each record is)
+                for rec, (start, end) in zip(batch, spans):
+                    apply(rec, start, end - start)
+            else:
+                for rec in batch:
+                    apply(rec)
         return state
 
     # -- writing --------------------------------------------------------------------------------------
@@ -385,6 +430,10 @@ class Checkpointer:
         keep_head, recent_tokens = self.front_hints()
         front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, system=self._system.of(state))
         front["counted"] = counted
+        summed = self.token_total() if self.token_total is not None else None
+        if summed is None and not state.is_lazy and counted == front["n"]:
+            summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
+        front["tokens_total"] = list(summed) if summed is not None else None
         return orjson.dumps(front), any(t is not None for t in front["tokens"])
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
@@ -401,9 +450,8 @@ class Checkpointer:
             if splice is not None:
                 src, offset, length = splice
                 assert isinstance(store, FileCheckpointStore)
-                prefix = encode_front(state_bytes=length, **fields)  # type: ignore[arg-type]
-                splice = None  # save_copying closes src
-                size = await asyncio.to_thread(store.save_copying, prefix, src, offset, length + 1 + _TRAILER)
+                splice = None  # _save_based closes src
+                size = await asyncio.to_thread(_save_based, store, fields, src, offset, length)
             else:
                 assert prep.captured is not None
                 state_json = await dump_in_steps(prep.captured)

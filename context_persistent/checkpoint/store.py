@@ -13,14 +13,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from ..paths import CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
+from ..paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
 from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head
 
 
 def read_front(f: Any) -> tuple[Checkpoint, int, int]:
     """Read and verify the header and front section from a binary file at offset 0.
 
-    Returns the checkpoint (``state`` None), the offset of the state section and its length.
+    Returns the checkpoint (``state`` None), the offset of the state section and its length (in the file
+    ``cp.state_in`` names, when it names one: :func:`open_state_file`).
     """
     line = f.readline(1 << 20)
     if not line.endswith(b"\n"):
@@ -34,10 +35,15 @@ def read_front(f: Any) -> tuple[Checkpoint, int, int]:
         raise CheckpointError(f"malformed front section: {e}") from None
     offset, length = len(line) + len(rest), head["state_bytes"]
     size = os.fstat(f.fileno()).st_size
+    cp = _checkpoint(head, front, None)
+    if cp.state_in is not None:  # the state section is in checkpoint.base: this file ends with the front
+        if size != offset:
+            raise CheckpointError(f"payload is {size} bytes, its header says {offset}: truncated or corrupt")
+        return cp, int(cp.state_in["offset"]), length
     if size != offset + length + 1 + _TRAILER:  # a truncated or extended state section, found without reading it
         raise CheckpointError(f"payload is {size} bytes, its header says {offset + length + 1 + _TRAILER}: "
                               "truncated or corrupt")
-    return _checkpoint(head, front, None), offset, length
+    return cp, offset, length
 
 
 def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
@@ -78,40 +84,116 @@ class FileCheckpointStore:
     def __init__(self, directory: Path) -> None:
         self.path = directory / CHECKPOINT_NAME
         self.tmp = directory / (CHECKPOINT_NAME + ".tmp")
+        #: An earlier checkpoint whose state section the current one refers to (a based checkpoint of a lazy
+        #: history: see :meth:`keep_as_base`); removed when a checkpoint with its own state section replaces it.
+        self.base = directory / CHECKPOINT_BASE_NAME
 
     async def load(self) -> bytes | None:
         return self.read_sync()
 
     def read_sync(self) -> bytes | None:
-        """The stored payload, or None if there is none (CheckpointError: not a regular file)."""
+        """The stored payload, or None if there is none (CheckpointError: not a regular file). A payload whose
+        state section is in ``checkpoint.base`` comes with that section appended, as if it were inline."""
         f = self._open()
         if f is None:
             return None
         with f:
-            return f.read()  # type: ignore[no-any-return]
-
-    def _open(self) -> Any:
-        """The checkpoint file opened for reading, or None: never through a symlink, and only a regular file
-        (a FIFO or a device in its place would block or never end; CheckpointError, so it is ignored)."""
+            data: bytes = f.read()
+        nl = data.find(b"\n")
+        if nl < 0 or b'"state_in":{' not in data[:nl]:
+            return data
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+            head = orjson.loads(data[:nl])
+            where, length = head["state_in"], int(head["state_bytes"])
+            offset = int(where["offset"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"malformed header: {e}") from None
+        base = self._open(self.base)
+        if base is None:
+            raise CheckpointError(f"its state section is in {CHECKPOINT_BASE_NAME}, which is missing")
+        with base:
+            section = os.pread(base.fileno(), length + 1 + _TRAILER, offset)
+        return data + section
+
+    def open_state_file(self, cp: Checkpoint, length: int) -> Any:
+        """The file holding ``cp``'s state section (``length`` bytes) when it is in ``checkpoint.base``
+        (CheckpointError if it is missing or not the section named: its CRC line differs)."""
+        base = self._open(self.base)
+        if base is None:
+            raise CheckpointError(f"its state section is in {CHECKPOINT_BASE_NAME}, which is missing")
+        assert cp.state_in is not None
+        where = cp.state_in
+        try:
+            crc = os.pread(base.fileno(), 8, int(where["offset"]) + length + 1)
+            if crc != str(where["crc"]).encode():
+                raise CheckpointError(f"{CHECKPOINT_BASE_NAME} does not hold the state section the checkpoint "
+                                      f"names (CRC {crc.decode('ascii', 'replace')}, expected {where['crc']})")
+        except BaseException:
+            base.close()
+            raise
+        return base
+
+    def _open(self, path: Path | None = None) -> Any:
+        """The checkpoint file (or ``path``) opened for reading, or None: never through a symlink, and only a
+        regular file (a FIFO or a device in its place would block or never end; CheckpointError, so it is
+        ignored)."""
+        path = path or self.path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
         except FileNotFoundError:
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise CheckpointError(f"{self.path} is a symbolic link; checkpoints are never read through "
+                raise CheckpointError(f"{path} is a symbolic link; checkpoints are never read through "
                                       "one") from None
             raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise CheckpointError(f"{self.path} is not a regular file")
+            raise CheckpointError(f"{path} is not a regular file")
         return os.fdopen(fd, "rb")
 
     async def save(self, payload: bytes, seq: int) -> None:
         await asyncio.to_thread(self.save_sync, payload)
 
     def save_sync(self, payload: bytes) -> None:
+        """Store a payload holding its own state section; an earlier ``checkpoint.base`` is then unused."""
         self._save(lambda fd: write_all(fd, payload))
+        if os.path.lexists(self.base):
+            self.base.unlink(missing_ok=True)
+            fsync_dir(self.path.parent)
+
+    def keep_as_base(self, src: int) -> bool:
+        """Make the open checkpoint file ``src`` (the one a lazy history was opened from) ``checkpoint.base``,
+        by a hard link, unless it is already: a based checkpoint can then refer to its state section instead
+        of copying it. False if the file system cannot link it (the caller copies the section instead)."""
+        st = os.fstat(src)
+        try:
+            cur = os.stat(self.base, follow_symlinks=False)
+        except FileNotFoundError:
+            cur = None
+        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(cur.st_mode):
+            return True
+        # The file is linked by its name, checkpoint.json, which it still has unless a newer checkpoint replaced
+        # it (then the link names another file, found by its inode, and the section is copied instead).
+        tmp = self.base.with_name(self.base.name + ".tmp")
+        try:
+            tmp.unlink(missing_ok=True)
+            os.link(self.path, tmp, follow_symlinks=False)
+            got = os.stat(tmp, follow_symlinks=False)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+                tmp.unlink()
+                return False
+            os.replace(tmp, self.base)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return False
+        fsync_dir(self.path.parent)  # (durable before a checkpoint names it)
+        return True
+
+    def save_front_only(self, prefix: bytes) -> int:
+        """Store a based checkpoint whose state section stays in ``checkpoint.base`` (:meth:`keep_as_base`)."""
+        self._save(lambda fd: write_all(fd, prefix))
+        return len(prefix)
 
     def save_copying(self, prefix: bytes, src: int, offset: int, count: int) -> int:
         """:meth:`save_sync` of ``prefix`` followed by ``count`` bytes of the open file ``src`` from ``offset``,
@@ -165,6 +247,10 @@ class FileCheckpointStore:
             return None
         try:
             cp, offset, length = read_front(f)
+            if cp.state_in is not None:  # the state section is in checkpoint.base: read it from there
+                state_file = self.open_state_file(cp, length)
+                f.close()
+                f = state_file
             return cp, f, offset, length
         except BaseException:
             f.close()
@@ -174,9 +260,10 @@ class FileCheckpointStore:
         self.discard_sync()
 
     def discard_sync(self) -> None:
-        existed = self.path.exists()
+        existed = self.path.exists() or os.path.lexists(self.base)
         self.path.unlink(missing_ok=True)
         self.tmp.unlink(missing_ok=True)
+        self.base.unlink(missing_ok=True)
         if existed:
             fsync_dir(self.path.parent)
 

@@ -384,7 +384,7 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
     kinds = [k for k in store.stats()["events"] if "compact" in k]
     if not kinds:
         return None
-    from ..manager import open_log
+    from ..backends import open_log
 
     last = None
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
@@ -513,7 +513,8 @@ def _print_record(rec: dict[str, Any], as_json: bool, on: bool) -> None:
 
 async def _tail(args: argparse.Namespace) -> int:
     from ..errors import SessionNotFoundError
-    from ..manager import PersistentContextManager, open_log
+    from ..backends import open_log
+    from ..manager import PersistentContextManager
 
     if args.lines < 0:
         raise UsageError("-n must be >= 0")
@@ -582,7 +583,7 @@ async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], 
                                  ) -> AsyncGenerator[dict[str, Any], None]:
     """A database session that does not exist yet: open it once it does (polled), then follow it."""
     from ..errors import SessionNotFoundError
-    from ..manager import open_log
+    from ..backends import open_log
 
     while True:
         try:
