@@ -245,7 +245,7 @@ class _Session:
     the store replaces checkpoints by renaming, so the kept one never changes); anything else a step created
     is removed."""
 
-    def __init__(self, ctx: Ctx, n: int, cap_mb: int, timeout: float) -> None:
+    def __init__(self, ctx: Ctx, n: int, cap_mb: int, timeout: float, prepare_timeout: float) -> None:
         self.ctx, self.n, self.cap_mb, self.timeout = ctx, n, cap_mb, timeout
         self.data = Dataset(n)
         t = time.perf_counter()
@@ -265,7 +265,7 @@ class _Session:
         os.rename(self.data.log, self.log_path)
         try:
             ctx.log(f"{_label(n)} messages: first open (replay) and close, writing the checkpoint")
-            self.prepare = run_capped(PREPARE, [str(self.work / "ours")], cap_mb, timeout)
+            self.prepare = run_capped(PREPARE, [str(self.work / "ours")], cap_mb, prepare_timeout)
             self._kept: dict[str, int] = {}
             for entry in os.scandir(self.session):
                 if entry.name.startswith("checkpoint") and entry.is_file():
@@ -343,9 +343,9 @@ def _label(n: int) -> str:
 
 def run(ctx: Ctx) -> list[Row]:
     ctx.defaults(quick={"long_small": 1_000, "long_medium": 5_000, "long_large": 0, "long_appends": 200,
-                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1},
+                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800},
                  full={"long_small": 10_000, "long_medium": 100_000, "long_large": 1_000_000, "long_appends": 1_000,
-                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1})
+                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800})
     sizes = [n for n in (ctx.size("long_small"), ctx.size("long_medium"), ctx.size("long_large")) if n > 0]
     if not sizes:
         return []
@@ -357,7 +357,7 @@ def run(ctx: Ctx) -> list[Row]:
     results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]] = {}
     sessions: dict[int, _Session] = {}
     for n in sizes:
-        s = _Session(ctx, n, cap, timeout)
+        s = _Session(ctx, n, cap, timeout, ctx.size("long_prepare_timeout_s"))
         sessions[n] = s
         rounds = ctx.size("long_large_rounds") if n >= 1_000_000 else min(ctx.rounds, 3)
         got: dict[str, dict[str, list[dict[str, Any]]]] = {"ours": {}, "reference": {}, "sqlite": {}, "cli": {}}
