@@ -210,14 +210,19 @@ def big_session(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["tail", "s", "-n", "5"], ["tail", "s", "--after", "1"], ["ls"],
-                                     ["show", "s", "-n", "5"], ["show", "s", "-n", "5", "--json"]])
+                                     ["show", "s", "-n", "5"], ["show", "s", "-n", "5", "--json"],
+                                     ["show", "s", "--json"], ["show", "s", "--view", "reasoning"],
+                                     ["export", "s", "{tmp}/out.jsonl"], ["export", "s", "{tmp}/out.json"],
+                                     ["verify", "s"]])
 def test_command_memory_does_not_grow_with_the_log(big_session: Any, subprocess_env: dict[str, str],
-                                                   command: list[str]) -> None:
-    """On a 200 MB log the command's peak memory grows by less than a quarter of the log: it never holds it."""
+                                                   command: list[str], tmp_path: Path) -> None:
+    """On a 200 MB log the command's peak memory grows by less than half the log (a 32 MiB page cache and
+    buffers): holding the log's messages would take more than the log."""
     storage, size = big_session
     assert size > 150 << 20
+    command = [c.replace("{tmp}", str(tmp_path)) for c in command]
     proc = subprocess.run([sys.executable, "-c", CHILD, "--storage", str(storage), *command], env=subprocess_env,
                           capture_output=True, text=True, timeout=300)
     result = json.loads(proc.stderr.strip().splitlines()[-1])
     assert result["rc"] == 0, proc.stderr[-2000:]
-    assert result["growth_kb"] * 1024 < size / 4, (result, size)
+    assert result["growth_kb"] * 1024 < size / 2, (result, size)
