@@ -399,7 +399,7 @@ def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessio
     names = {"open": "open", "first request": "first request", "appends": f"{appends:,} appends",
              "checkpoint": "periodic checkpoint", "stats": "stats()"}
     def stop_note(xs: list[dict[str, Any]]) -> str:
-        why = {x.get("stopped") for x in xs if x.get("stopped")}
+        why = {str(x["stopped"]) for x in xs if x.get("stopped")}
         return "; ".join(f"stopped at the {cap:,} MB cap" if w == "memory" else f"stopped after {timeout:.0f} s"
                          for w in sorted(why)) + " (time: at least the time until stopped)"
     for n, got in results.items():
@@ -448,13 +448,13 @@ def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessio
         for kind, peer in (("reference", REFERENCE), ("sqlite", SQLITE)):
             for step in PEER_STEPS:
                 mine, theirs = got["ours"][step], got[kind][step]
-                stopped = [w for w, x in (("ours", mine), (peer, theirs)) if _stopped(x)]
+                halted = [w for w, x in (("ours", mine), (peer, theirs)) if _stopped(x)]
                 rows.append(compare(GROUP, f"{label}: {names[step]}: {peer} / ours",
                                     [_seconds(mine) * 1000], [_seconds(theirs) * 1000], unit="ms",
                                     invert=True, ref_name=peer,
-                                    note="; ".join(f"{w} stopped (time: at least)" for w in stopped)))
+                                    note="; ".join(f"{w} stopped (time: at least)" for w in halted)))
                 rows.append(Row(group=GROUP, name=f"{label}: peak RSS, {names[step]}: ours vs {peer}",
                                 ours=_peak(mine), ref=_peak(theirs), unit="MB", ref_name=peer,
                                 ratio=_peak(mine) / _peak(theirs),
-                                note="; ".join(f"{w} stopped" for w in stopped)))
+                                note="; ".join(f"{w} stopped" for w in halted)))
     return rows
