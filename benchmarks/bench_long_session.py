@@ -259,13 +259,15 @@ class _Session:
         shutil.rmtree(self.work, ignore_errors=True)
         self.session = self.work / "ours" / SESSION_ID
         self.keep = self.work / "keep"
-        self.session.mkdir(parents=True, mode=0o700)
+        for folder in (self.work, self.work / "ours", self.session):
+            folder.mkdir(mode=0o700)
         self.keep.mkdir(mode=0o700)
         self.log_path = self.session / self.data.log.name
         os.rename(self.data.log, self.log_path)
         try:
             ctx.log(f"{_label(n)} messages: first open (replay) and close, writing the checkpoint")
             self.prepare = run_capped(PREPARE, [str(self.work / "ours")], cap_mb, prepare_timeout)
+            ctx.log(_said(self.prepare))
             self._kept: dict[str, int] = {}
             for entry in os.scandir(self.session):
                 if entry.name.startswith("checkpoint") and entry.is_file():
@@ -367,14 +369,22 @@ def run(ctx: Ctx) -> list[Row]:
                     for step in steps:
                         ctx.log(f"{_label(n)} messages, {kind}: {step} (round {r + 1}/{rounds})")
                         got[kind].setdefault(step, []).append(s.run(kind, step, appends))
+                        ctx.log(_said(got[kind][step][-1]))
             if ctx.size("long_cli"):
                 for name, argv in CLI_COMMANDS:
                     ctx.log(f"{_label(n)} messages, command line: {name}")
                     got["cli"][name] = [s.run_cli(argv)]
+                    ctx.log(_said(got["cli"][name][-1]))
         finally:
             s.close()
         results[n] = got
     return _rows(results, sessions, base_n, appends, cap, timeout)
+
+
+def _said(x: dict[str, Any]) -> str:
+    """One measurement as a progress line (so a run stopped early still leaves its figures)."""
+    stop = f", stopped ({x['stopped']})" if x.get("stopped") else ""
+    return f"  -> {x['seconds'] * 1000:,.1f} ms, peak RSS {_mb(x['peak_kb']):,.0f} MB{stop}"
 
 
 def _seconds(xs: list[dict[str, Any]]) -> float:

@@ -142,6 +142,12 @@ class Dataset:
         longer is cut back first; any other difference: False, and the folder is rebuilt)."""
         if not self.manifest_path.is_file():
             return False
+        if not self.log.exists():  # a run killed while it had the log lent to its working folder
+            for stale in sorted(self.folder.glob(f"run-*/ours/{SESSION_ID}/{self.log.name}")):
+                os.rename(stale, self.log)
+                break
+        for leftover in self.folder.glob("run-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         try:
             want = self.manifest()["files"]
             for path in self.files():
