@@ -29,7 +29,8 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
                                            readonly=readonly, create=create)
     return FileEventLog(session_dir(storage_path, session_id), session_id, readonly=readonly,
                         fsync=cfg.get("fsync", "always"), create=create,
-                        reserve_tail=cfg.get("reserve_tail", False))
+                        reserve_tail=cfg.get("reserve_tail", False), segment_bytes=cfg.get("segment_bytes"),
+                        compress_sealed=cfg.get("compress_sealed", False))
 
 
 __all__ = ["BACKENDS", "open_log"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backends import BACKENDS
-from .log import FSYNC_MODES
+from .log import FSYNC_MODES, SEGMENT_BYTES, check_segment_bytes
 from .pages import CACHE_BYTES
 from .tokens import DEFAULT_ENCODING, resolve_tokenizer
 
@@ -13,6 +13,9 @@ from .tokens import DEFAULT_ENCODING, resolve_tokenizer
 DEFAULTS: dict[str, Any] = {
     "fsync": "always",
     "reserve_tail": False,
+    "segment_bytes": SEGMENT_BYTES,
+    "compress_sealed": False,
+    "roll_on_compaction": False,
     "tokenizer": DEFAULT_ENCODING,
     "max_tokens": 200_000,
     "safety_margin": 1000,
@@ -64,7 +67,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "safety_margin", 0)
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "page_cache_bytes", 0)
-    for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail"):
+    cfg["segment_bytes"] = check_segment_bytes(cfg["segment_bytes"])
+    for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail", "compress_sealed",
+                 "roll_on_compaction"):
         if not isinstance(cfg[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
     _positive_int(cfg, "export_on_compact_every")
@@ -85,6 +90,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"reserve_tail applies to the file backend with fsync='always' only; got "
                          f"backend={cfg['backend']!r}, fsync={cfg['fsync']!r} (docs/format.md, "
                          "'The reserved tail')")
+    if cfg["backend"] != "file" and (cfg["compress_sealed"] or cfg["roll_on_compaction"]):
+        raise ValueError(f"compress_sealed and roll_on_compaction apply to the file backend only (its log segments; "
+                         f"docs/operations.md, 'Segments'); got backend={cfg['backend']!r}")
     if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
         raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
     if cfg["backend"] == "postgres":

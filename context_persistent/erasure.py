@@ -243,6 +243,15 @@ def _scan_file(path: Path, size: int) -> Any:
             start = end
 
 
+def _scan_segmented(directory: Path, session_id: str, end: int) -> Any:
+    """As :func:`_scan_file` across a segmented log, with global positions (segments.py)."""
+    from .segments import LogReader
+
+    with LogReader(directory, session_id) as reader:
+        for start, line in reader.lines(0, end):
+            yield codec.decode(line), start, start + len(line), line
+
+
 def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     """Erase the message at ``(seq, index)`` from a file session held by ``store`` (its writer). Returns the
     receipt. The caller rebuilds the store's state afterwards."""
@@ -250,13 +259,22 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     path: Path = log.path
     directory: Path = log.directory
     size = log.size
-    message = find_target((r for r, *_ in _scan_file(path, size)), seq, index)
+    segmented = log.manifest is not None and bool(log.manifest.segments)
+    if segmented:
+        end = log.position
+
+        def records() -> Any:
+            return _scan_segmented(directory, log.session_id, end)
+    else:
+        def records() -> Any:
+            return _scan_file(path, size)
+    message = find_target((r for r, *_ in records()), seq, index)
     needle = codec.dumps(message)
     digest = sha256(needle)
     when = codec.now_iso()
     # 1. every record holding a copy, and its tombstone
     changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]] = []
-    for rec, start, end, raw in _scan_file(path, size):
+    for rec, start, end, raw in records():
         hits = _copies(rec, needle)
         if hits:
             line = tombstone(rec, erased_data(rec, hits, reason, when))
@@ -266,6 +284,10 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
                            "bytes": end - start, "record_sha256": raw_digest}
                           for start, end, _, rec, hits, raw_digest in changes]
+    if segmented:  # which file held each record (offsets are global positions: docs/format.md, "Segments")
+        for item in receipt["records"]:
+            i = log.manifest.index_at(item["offset"])
+            item["segment"] = log.manifest.segments[i].file if i >= 0 else LOG_NAME
     # 2. the checkpoint (a cache holding the history): deleted before the log changes, so that a crash never
     #    leaves a checkpoint that a later open would trust and that still shows the message
     cp = directory / CHECKPOINT_NAME
@@ -285,6 +307,9 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         if n:
             receipt["exports"].append({"where": str(p), "lines": n, "action": "rewritten"})
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
+    if segmented:
+        receipt["log"] = _erase_in_segments(log, changes)
+        return receipt
     # 4. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
     fd = create_private_file(directory, tmp.name)
@@ -303,6 +328,54 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     log.swap_in(tmp, new_size)
     receipt["log"] = {"where": str(path), "bytes_before": size, "bytes_after": new_size}
     return receipt
+
+
+def _erase_in_segments(log: Any, changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]]
+                       ) -> dict[str, Any]:
+    """Put the tombstones of ``changes`` (global positions) into a segmented log: each sealed segment that
+    holds one is rewritten (re-compressed if it was compressed) and the active segment copied, all as temp
+    files, then committed together by one manifest write (segment_store.replace_segments). A tombstone's
+    length may differ from its record's: the positions after it move, as in a single-file log."""
+    from .segment_store import read_segment
+
+    manifest = log.manifest
+    directory: Path = log.directory
+    base = manifest.base
+    sealed: dict[int, bytearray] = {}
+    edits: dict[int, list[tuple[int, int, bytes]]] = {}
+    active = [c for c in changes if c[0] >= base]
+    for start, end, line, *_ in changes:
+        if start >= base:
+            continue
+        i = manifest.index_at(start)
+        seg = manifest.segments[i]
+        if i not in sealed:
+            sealed[i] = bytearray(read_segment(directory, seg))  # (checked against its SHA-256)
+        sealed.setdefault(-1 - i, bytearray())  # (marks the order of edits: applied from the end, below)
+        edits.setdefault(i, []).append((start - seg.start, end - seg.start, line))
+    for i, items in edits.items():  # a tombstone may be longer or shorter than its record: from the end
+        for a, b, line in sorted(items, reverse=True):
+            sealed[i][a:b] = line
+    sealed = {i: d for i, d in sealed.items() if i >= 0}
+    before = log.position
+    tmp_name = None
+    if active:
+        tmp_name = LOG_NAME + TMP_SUFFIX
+        fd = create_private_file(directory, tmp_name)
+        try:
+            with open(log.path, "rb") as src:
+                pos = 0
+                for start, end, line, *_ in active:
+                    _copy_range(src, fd, pos, start - base)
+                    write_all(fd, line)
+                    pos = end - base
+                _copy_range(src, fd, pos, log.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    names = [manifest.segments[i].file for i in sorted(sealed)] + ([LOG_NAME] if active else [])
+    log.replace_segments({i: bytes(d) for i, d in sealed.items()}, tmp_name)
+    return {"where": str(directory), "rewritten": names, "bytes_before": before, "bytes_after": log.position}
 
 
 def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
@@ -430,8 +503,24 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
                 for digest, length, how in _forms(receipt):
                     for at in _find_in(data, digest, length):
                         problems.append(f"{p.name} holds {how} at offset {at}")
+    for p in sorted(directory.iterdir()):  # compressed sealed segments: searched decompressed
+        if p.is_file() and p.name.endswith(".jsonl.zst"):
+            from .segments import decompress_all
+
+            plain = decompress_all(p.read_bytes())
+            for digest, length, how in _forms(receipt):
+                for at in _find_in(plain, digest, length):
+                    problems.append(f"{p.name} holds {how} at offset {at} of its decompressed contents")
     log = directory / LOG_NAME
-    if log.exists():
+    from .segments import MANIFEST_NAME
+
+    if (directory / MANIFEST_NAME).exists():
+        from .segments import LogReader
+
+        with LogReader(directory, receipt.get("session_id") or directory.name) as reader:
+            records = [codec.decode(line) for _, line in reader.lines(0)]
+        problems.extend(check_receipt_records(records, receipt))
+    elif log.exists():
         records = [r for r, *_ in _scan_file(log, os.stat(log).st_size)]
         problems.extend(check_receipt_records(records, receipt))
     return problems

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import codec
 from .errors import LogChangedError, LogCorruptedError
+from .segments import LogReader
 
 logger = logging.getLogger("context_persistent")
 
@@ -51,6 +52,10 @@ class _Cursor:
         self.offset = 0
         self.line = 1
         self.ino: int | None = None
+        #: The global position where the active segment started when last read (segments.py).
+        self.base = 0
+        #: The sealed segments (name, checksum) when the active file was last read: a roll only adds to them.
+        self.sealed: tuple[tuple[str, str], ...] = ()
         #: True until the first record after ``last_seq`` is reached: records up to it are skipped.
         self.syncing = True
         self._expect: str | None = None
@@ -58,6 +63,7 @@ class _Cursor:
 
     def _restart(self) -> None:
         self.offset = 0
+        self.ino = None
         self.line = 1
         self.syncing = True
         #: The last reported record must be found again, unchanged, before anything newer is reported.
@@ -66,23 +72,35 @@ class _Cursor:
     def read(self) -> tuple[list[dict[str, Any]], bool]:
         """Complete, verified records after the cursor, and whether more may be readable right away."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            reader = LogReader(self.path.parent)
         except FileNotFoundError:
             return [], False
-        try:
+        with reader:
+            sealed = tuple((seg.name, seg.sha256) for seg in reader.segments)
+            if sealed[:len(self.sealed)] != self.sealed:
+                self._restart()  # a sealed segment was rewritten (an erasure): read it all again
+                self.sealed = sealed
+                return [], True
+            base = reader.base
+            if self.offset < base:  # behind the active segment: read on through the sealed ones
+                return self._read_sealed(reader, base)
+            fd = reader.active_fd
+            if fd < 0 or reader.active_is_sealed:
+                return [], False  # (a roll between its steps: the next look sees the new active segment)
             st = os.fstat(fd)
-            if self.ino is not None and (st.st_ino != self.ino or st.st_size < self.offset):
-                self._restart()
-            self.ino = st.st_ino
-            want = st.st_size - self.offset
+            rel = self.offset - base
+            # A new active file after a roll is expected; with the same sealed segments, it was rewritten.
+            if self.ino is not None and ((st.st_ino != self.ino and sealed == self.sealed) or st.st_size < rel):
+                self._restart()  # the file was replaced or cut below what we reported: read it all again
+                return [], True
+            self.ino, self.base, self.sealed = st.st_ino, base, sealed
+            want = st.st_size - rel
             if want <= 0:
                 return [], False
-            raw = os.pread(fd, min(want, self._limit), self.offset)
-        finally:
-            os.close(fd)
+            raw = os.pread(fd, min(want, self._limit), rel)
         # A reserve_tail writer keeps NUL bytes reserved after its data (log.data_end): they end it.
         data = raw.rstrip(b"\0") if raw.endswith(b"\0") else raw
-        data_end = st.st_size if len(data) == len(raw) else self.offset + len(data)
+        data_end = st.st_size if len(data) == len(raw) else rel + len(data)
         more = len(raw) < want and data_end == st.st_size  # more of the file than this read holds
         end = data.rfind(b"\n") + 1
         if end == 0:
@@ -91,8 +109,20 @@ class _Cursor:
                 return [], True
             return [], False  # a record being written: wait for its newline
         self._limit = _READ_LIMIT
-        out = self._parse(data, end, at_eof=self.offset + end >= data_end)
+        out = self._parse(data, end, at_eof=rel + end >= data_end)
         return out, more
+
+    def _read_sealed(self, reader: LogReader, base: int) -> tuple[list[dict[str, Any]], bool]:
+        """Records of the sealed segments from the cursor on (up to about the read limit)."""
+        parts: list[bytes] = []
+        n = 0
+        for _, line in reader.lines(self.offset, base):
+            parts.append(line)
+            n += len(line)
+            if n >= self._limit:
+                break
+        data = b"".join(parts)
+        return self._parse(data, len(data), at_eof=False), True
 
     def _parse(self, data: bytes, n: int, at_eof: bool) -> list[dict[str, Any]]:
         """Records in ``data[:n]`` (whole lines); stops before a bad last line when it ends the file."""

@@ -96,4 +96,6 @@ class Lifecycle:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
         finally:
             await s.log.close()
+            if s.pager is not None:
+                s.pager.close()
 

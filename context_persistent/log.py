@@ -1,5 +1,10 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
+That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
+it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
+is a single file, as every log was before segments.
+
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
 0.1-0.25 ms per hop on the benchmark host, see docs/performance.md), agent turns are seconds apart, and with
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,8 +34,29 @@ from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, Session
                      UnsafeStorageError)
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
+from .segment_store import compress_segment, recover, replace_segments, seal_active
+from .segments import LogReader, Manifest, Segment, read_line_at
+
+logger = logging.getLogger("context_persistent")
 
 FSYNC_MODES = ("always", "batch", "never")
+
+#: The default size at which the active segment is sealed and a new one started (docs/operations.md,
+#: "Segments"): large enough that rolls are rare, small enough that a sealed segment is cheap to check,
+#: compress or rewrite.
+SEGMENT_BYTES = 64 << 20
+#: The smallest ``segment_bytes`` allowed (besides 0, never roll): a segment holds at least a few records.
+MIN_SEGMENT_BYTES = 4096
+
+
+def check_segment_bytes(value: object) -> int:
+    """``segment_bytes`` validated: an integer, 0 (or None) for "never roll", else at least MIN_SEGMENT_BYTES."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or 0 < value < MIN_SEGMENT_BYTES:
+        raise ValueError(f"segment_bytes must be 0 or null (never roll) or an integer of at least "
+                         f"{MIN_SEGMENT_BYTES} bytes, got {value!r}")
+    return value
 
 #: With ``reserve_tail`` (and ``fsync="always"``) the writer keeps this much space allocated ahead of its data
 #: (at least), so that a durable append does not change the file's size: an fdatasync that has no size to
@@ -169,38 +196,7 @@ def crash_leaves(line: bytes) -> bool:
     return line[-1:] != b"\n" or line.find(b"\0") >= 0
 
 
-def read_line_at(path: Path, position: int) -> bytes:
-    """The log line (one record, with its newline) that starts at byte ``position`` of the log at ``path`` (a
-    session folder or its log file).
-
-    One ``pread`` of 64 KiB, then larger ones until the newline. Raises LogCorruptedError if ``position`` is
-    not inside the file, or the line there does not end (the log is shorter than whoever recorded the position
-    believes). The caller verifies the record (``codec.decode``).
-    """
-    if path.is_dir():
-        path = path / LOG_NAME
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunk = 1 << 16
-        parts: list[bytes] = []
-        at = position
-        while True:
-            data = os.pread(fd, chunk, at)
-            if not data:
-                raise LogCorruptedError(str(path), line_at(path, position), position, "no complete record starts "
-                                        "at this byte: the log ends before its newline")
-            nl = data.find(b"\n")
-            if nl >= 0:
-                parts.append(data[: nl + 1])
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-            parts.append(data)
-            at += len(data)
-            chunk = min(chunk * 4, 1 << 24)
-    finally:
-        os.close(fd)
-
-
-def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None,
+def scan(path: Path | LogReader, start_offset: int = 0, start_line: int | None = 1, limit: int | None = None,
          strict_tail: bool = False) -> Iterator[tuple[dict[str, Any], int]]:
     """Yield ``(record, end_offset)`` for each valid record from ``start_offset`` up to ``limit`` bytes.
 
@@ -210,7 +206,11 @@ def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: i
     that no crash can leave (:func:`crash_leaves`) is corruption too. ``start_line`` None: unknown (it is
     computed if an error needs it).
     """
-    with open(path, "rb") as f:
+    opened = (open(path, "rb") if isinstance(path, (str, os.PathLike))
+              else os.fdopen(os.dup(path.active_fd), "rb"))  # a LogReader: its active segment
+    if not isinstance(path, (str, os.PathLike)):
+        path = path.directory / LOG_NAME
+    with opened as f:
         size = data_end(f.fileno()) if limit is None else limit
         f.seek(start_offset)
         offset = start_offset
@@ -240,16 +240,31 @@ def scan(path: Path, start_offset: int = 0, start_line: int | None = 1, limit: i
 
 
 class FileEventLog:
-    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl``.
+    """The file backend of :class:`~context_persistent.eventlog.EventLog`: ``<session>/events.jsonl`` and the
+    sealed segments before it.
 
     The constructor takes the writer lock (unless ``readonly``) and creates the file with mode 0600,
     fsyncing it into its folder. Not thread-safe; one owner per instance.
     """
 
     def __init__(self, directory: Path, session_id: str, *, readonly: bool = False, fsync: str = "always",
-                 create: bool = True, reserve_tail: bool = False) -> None:
+                 create: bool = True, reserve_tail: bool = False, segment_bytes: int | None = None,
+                 compress_sealed: bool = False) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}; got {fsync!r}")
+        self.segment_bytes = check_segment_bytes(segment_bytes)
+        if not isinstance(compress_sealed, bool):
+            raise ValueError(f"compress_sealed must be true or false, got {compress_sealed!r}")
+        self.compress_sealed = compress_sealed
+        #: The sealed segments (segments.py); None for a single-file log (no manifest).
+        self.manifest: Manifest | None = None
+        #: The global position where the active segment (``events.jsonl``) starts.
+        self.base = 0
+        #: What open did to finish or roll back a roll, compression or rewrite a killed writer left midway.
+        self.recovered: list[str] = []
+        self._reader: LogReader | None = None
+        self._roll_error: Exception | None = None
+        self._roll_next = False
         self.directory = directory
         self.session_id = session_id
         self.path = directory / LOG_NAME
@@ -273,9 +288,15 @@ class FileEventLog:
         #: Set when a failed write could not be rolled back: appends are refused until the log is reopened.
         self._broken: OSError | None = None
         if readonly:
-            if not self.existed:
-                raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
-            self.size = data_size(self.path)  # a consistent prefix: what was there at open
+            try:
+                self._reader = LogReader(directory, session_id)
+            except FileNotFoundError:
+                raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}") from None
+            self.existed = True
+            if self._reader.segments:
+                self.manifest = self._reader.manifest
+            self.base = self._reader.base
+            self.size = self._reader.active_size()  # a consistent prefix: what was there at open
             return
         if not self.existed and not create:
             raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}")
@@ -295,7 +316,10 @@ class FileEventLog:
                 os.close(dir_fd)
             raise LogWriteError(str(directory), "open the session folder", e, "nothing was written") from e
         try:
-            self.existed = os.path.lexists(self.path)
+            self.manifest, self.recovered = recover(directory, session_id)
+            if self.manifest is not None:
+                self.base = self.manifest.base
+            self.existed = os.path.lexists(self.path) or self.manifest is not None
             # Not O_APPEND: records are written at ``self.size``, which may be inside the reserved tail.
             self._fd = open_private_file(dir_fd, LOG_NAME, os.O_RDWR | os.O_CREAT, directory)
             if not self.existed:
@@ -319,13 +343,31 @@ class FileEventLog:
 
     @property
     def position(self) -> int:
-        return self.size if self.torn is None else self.torn.offset
+        """The global position after the last valid record (segments.py: positions)."""
+        return self.base + (self.size if self.torn is None else self.torn.offset)
+
+    def first_crc(self) -> str | None:
+        """The first record's crc as the manifest recorded it when its segment was sealed (None for a log
+        without sealed segments: read the record)."""
+        return self.manifest.segments[0].first_crc if self.manifest is not None and self.manifest.segments else None
+
+    def reader(self) -> LogReader:
+        """A :class:`~context_persistent.segments.LogReader` of this log (the caller closes it)."""
+        return LogReader(self.directory, self.session_id)
 
     # -- reading ------------------------------------------------------------------------------------
     def record_before(self, position: int) -> dict[str, Any] | None:
-        """The valid record that ends exactly at byte ``position``, else None (checkpoint anchor check)."""
-        if position <= 0 or position > self.size:
+        """The valid record that ends exactly at global byte ``position``, else None (checkpoint anchor check)."""
+        if position <= 0 or position > self.base + self.size:
             return None
+        if position <= self.base or self._reader is not None:
+            with self.reader() as reader:
+                line = reader.line_ending_at(position)
+            try:
+                return codec.decode(line) if line.endswith(b"\n") else None
+            except (codec.RecordError, ValueError):
+                return None
+        position -= self.base
         back = 0
         with open(self.path, "rb") as f:
             while True:  # look back 4 KiB, then 64 KiB, 1 MiB, ... for the newline before the record
@@ -357,8 +399,9 @@ class FileEventLog:
         if start == 0:
             after_seq = 0
         out: list[dict[str, Any]] = []
+        base = self.base
         end = start
-        n = 0
+        n = 0  # records read from the active segment
         last = after_seq
         # Each record must name the one before it (codec.Links); a break is corruption unless a repair recorded
         # the seq gap it sits on (``log_repaired`` comes after the breaks it explains: checked at the end).
@@ -367,13 +410,12 @@ class FileEventLog:
         breaks: list[tuple[int, int, int, str]] = []
         explained: set[tuple[int, int]] = set()
         spans: list[tuple[int, int]] = []
-        for rec, rec_end in scan(self.path, start, 1 if start == 0 else None, self.size,
-                                 strict_tail=self.fsync_mode != "never"):
-            n += 1
+        for rec, rec_end in self._records(start):
+            if rec_end > base:
+                n += 1
             seq = rec["seq"]
             if seq <= last:
-                raise LogCorruptedError(str(self.path), line_at(self.path, end), end,
-                                        f"seq {seq} does not follow seq {last}")
+                raise self._corrupt(end, f"seq {seq} does not follow seq {last}")
             prev = rec["prev"]
             if prev is None or prev != links.last:
                 problem = links.check(rec)
@@ -395,7 +437,7 @@ class FileEventLog:
                 out, spans = [], []
         for after, seq, at, problem in breaks:
             if (after, seq) not in explained:
-                raise LogCorruptedError(str(self.path), line_at(self.path, at), at, f"record seq {seq} {problem}")
+                raise self._corrupt(at, f"record seq {seq} {problem}")
         if out:
             self.batch_spans = spans
             yield out
@@ -403,10 +445,45 @@ class FileEventLog:
         if links.last is not None:
             self.last_crc = links.last.encode()
         self.torn = None
-        if self.size > end:
-            self.torn = TornTail(offset=end, length=self.size - end,
-                                 line=n + 1 if start == 0 else line_at(self.path, end),
-                                 reason=self._tail_reason(end, self.size))
+        file_end = max(end - base, 0)
+        if self.size > file_end:
+            self.torn = TornTail(offset=file_end, length=self.size - file_end,
+                                 line=n + 1 if start <= base else line_at(self.path, file_end),
+                                 reason=self._tail_reason(file_end, self.size))
+
+    def _records(self, start: int) -> Iterator[tuple[dict[str, Any], int]]:
+        """``(record, global end)`` of every valid record from global ``start``: the sealed segments (where
+        any bad line is corruption: they were verified when sealed), then the active one (``scan``)."""
+        base = self.base
+        if start < base:
+            with self.reader() as reader:
+                decode = codec.decode
+                for at, line in reader.lines(start, base):
+                    try:
+                        if line[-1:] != b"\n":
+                            raise codec.RecordError("a sealed segment ends inside a record")
+                        rec = decode(line)
+                    except codec.RecordError as e:
+                        raise self._corrupt(at, str(e), reader) from None
+                    yield rec, at + len(line)
+            start = base
+        active = self.path if self._reader is None else self._reader
+        if self.size <= start - base:
+            return
+        for rec, end in scan(active, start - base, 1 if start == base else None, self.size,
+                             strict_tail=self.fsync_mode != "never"):
+            yield rec, base + end
+
+    def _corrupt(self, position: int, reason: str, reader: LogReader | None = None) -> LogCorruptedError:
+        """LogCorruptedError naming the file, line and offset of global ``position``."""
+        if position >= self.base:
+            return LogCorruptedError(str(self.path), line_at(self.path, position - self.base), position - self.base,
+                                     reason)
+        if reader is None:
+            with self.reader() as r:
+                return self._corrupt(position, reason, r)
+        path, offset = reader.where(position)
+        return LogCorruptedError(str(path), reader.line_number(position), offset, reason)
 
     def _tail_reason(self, start: int, end: int) -> str:
         with open(self.path, "rb") as f:
@@ -475,6 +552,60 @@ class FileEventLog:
             self._sync(start)
         self.last_seq = first_seq + len(lines) - 1
         self.last_crc = data[-11:-3]  # (codec.crc_of of the last record)
+        if (self._roll_next or self.segment_bytes and self.size >= self.segment_bytes) and self._roll_error is None:
+            self._roll_next = False
+            self._roll_after_append()
+
+    def roll_after_next_append(self) -> None:
+        """Seal the active segment right after the next append (``roll_on_compaction``: the manager asks this
+        when it records a compaction, whose audit record goes out with the next append)."""
+        self._roll_next = True
+
+    def _roll_after_append(self) -> None:
+        """Roll once the active segment has reached ``segment_bytes``. The records are already acknowledged:
+        a roll that fails is logged and not retried by this store (the log stays correct, only longer)."""
+        try:
+            self.roll()
+        except (OSError, LogCorruptedError, ValueError) as e:
+            self._roll_error = e
+            logger.warning("%s: could not seal the active segment (%s); it grows on until the session is opened "
+                           "again", self.path, e)
+
+    def roll(self) -> Segment | None:
+        """Seal the active segment (it becomes the next sealed segment, listed in the manifest with its
+        checksum) and start a new, empty one. Returns the sealed segment, or None if the active segment holds
+        no record. With ``compress_sealed``, the sealed segment is then compressed. See docs/operations.md."""
+        if self.readonly or self._fd < 0:
+            raise LogWriteError(str(self.path), "roll", OSError(errno.EBADF, "log is not open for writing"))
+        if self._broken is not None or self.torn is not None or self.size == 0:
+            return None
+        try:
+            if self._reserved > self.size:
+                os.ftruncate(self._fd, self.size)
+                self._reserved = self.size
+            os.fsync(self._fd)
+        except OSError as e:
+            raise LogWriteError(str(self.path), "sync before sealing", e, "the log is unchanged") from e
+        manifest = self.manifest if self.manifest is not None else Manifest(self.session_id)
+        try:
+            manifest, seg, fd = seal_active(self.directory, manifest, self.size)
+        except OSError as e:
+            self._broken = e  # the next open finishes or undoes the roll (segment_store.recover)
+            raise LogWriteError(str(self.path), "seal", e, "the records are safe; appends are refused until the "
+                                "session is opened again, which finishes the roll") from e
+        os.close(self._fd)
+        self._fd = fd
+        self.manifest = manifest
+        self.base = manifest.base
+        self.size = self._reserved = 0
+        if self.compress_sealed:
+            try:
+                self.manifest = compress_segment(self.directory, manifest, len(manifest.segments) - 1)
+            except BaseException as e:
+                # Perhaps committed and not carried out: the next open finishes it (segment_store.recover).
+                self._broken = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
+                raise
+        return seg
 
     def _write(self, data: bytes, one_record: bool = True) -> None:
         start = self.size
@@ -555,6 +686,28 @@ class FileEventLog:
         self.size = self._reserved = size
         fsync_dir(self.directory)
 
+    def replace_segments(self, new_data: dict[int, bytes], active_tmp: str | None) -> None:
+        """Replace sealed segments' contents (index -> new bytes of the same length and records) and, with
+        ``active_tmp``, the active segment by that complete, fsynced temp file in the session folder, in one
+        commit (segment_store.replace_segments), and continue writing to the new active file."""
+        if self.readonly or self._fd < 0 or self.manifest is None:
+            raise LogWriteError(str(self.path), "replace", OSError(errno.EBADF, "log is not open for writing"))
+        fd = -1
+        if active_tmp is not None:
+            fd = os.open(self.directory / active_tmp, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self.manifest = replace_segments(self.directory, self.manifest, new_data, active_tmp)
+            self.base = self.manifest.base
+        except BaseException as e:
+            if fd >= 0:
+                os.close(fd)
+            self._broken = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))  # (reopen recovers)
+            raise
+        if fd >= 0:
+            os.close(self._fd)
+            self._fd = fd
+            self.size = self._reserved = os.fstat(fd).st_size
+
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
         from .follow import follow_file
@@ -567,6 +720,9 @@ class FileEventLog:
         self._release()
 
     def _release(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         error: OSError | None = None
         if self._fd >= 0:
             try:
@@ -586,3 +742,10 @@ class FileEventLog:
         if error is not None:
             raise LogWriteError(str(self.path), "flush", error,
                                 f"records appended with fsync={self.fsync_mode!r} may not all be durable")
+
+
+#: Reading the log by global position across its segments (segments.py), importable from here too:
+#: ``read_line_at(folder, position)`` for one record, ``LogReader(folder)`` for many (``lines``, ``read_line_at``).
+__all__ = ["FSYNC_MODES", "MIN_SEGMENT_BYTES", "RESERVE", "RESERVE_MAX", "SEGMENT_BYTES", "FileEventLog", "FileLock",
+           "LogReader", "TornTail", "check_segment_bytes", "crash_leaves", "data_end", "data_size", "line_at",
+           "read_line_at", "scan"]

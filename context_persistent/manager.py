@@ -55,7 +55,9 @@ class _Limit:
         self.part, self.attr, self.default = part, attr, default
 
     def __get__(self, store: Any, owner: Any = None) -> int:
-        return self.default if store is None else getattr(getattr(store, self.part), self.attr)  # type: ignore[no-any-return]
+        if store is None:
+            return self.default
+        return int(getattr(getattr(store, self.part), self.attr))
 
     def __set__(self, store: Any, value: int) -> None:
         setattr(getattr(store, self.part), self.attr, value)
@@ -74,14 +76,22 @@ class PersistentContextManager:
     ``last_compaction`` (the stats of the last compaction that changed the request view, or None).
     """
 
-    session_id = _kept("_s", "session_id", "The session's id: its folder name under ``storage_path``.")
-    storage_path = _kept("_s", "storage_path", "The root folder of the sessions (a Path).")
-    config = _kept("_s", "config", "The checked configuration (what ``check_config`` returns).")
-    hooks = _kept("_s", "hooks", "The host's hooks (their ``emit`` receives the store's events), or None.")
-    recovered = _kept("_s", "recovered", "The torn last record cut at open (where it was, its length, where "
-                      "its bytes were saved), or None.")
-    last_compaction = _kept("_s", "last_compaction", "The stats of the last compaction that changed the request "
-                            "view (as ``stats()['last_compaction']`` shows them), or None.")
+    if TYPE_CHECKING:  # what the properties below hold, for type checkers
+        session_id: str
+        storage_path: Path
+        config: dict[str, Any]
+        hooks: Any
+        recovered: Any
+        last_compaction: dict[str, Any] | None
+    else:  # (properties: documented in docs/api.md)
+        session_id = _kept("_s", "session_id", "The session's id: its folder name under ``storage_path``.")
+        storage_path = _kept("_s", "storage_path", "The root folder of the sessions (a Path).")
+        config = _kept("_s", "config", "The checked configuration (what ``check_config`` returns).")
+        hooks = _kept("_s", "hooks", "The host's hooks (their ``emit`` receives the store's events), or None.")
+        recovered = _kept("_s", "recovered", "The torn last record cut at open (where it was, its length, where "
+                          "its bytes were saved), or None.")
+        last_compaction = _kept("_s", "last_compaction", "The stats of the last compaction that changed the request "
+                                "view (as ``stats()['last_compaction']`` shows them), or None.")
     #: A rebuild of a history at least this long reads only the newest messages that can fit the budget
     #: (plus what must be kept): compaction/window.py. Tests lower it.
     WINDOW_MIN_MESSAGES = _Limit("_views", "window_min", 4096)
@@ -365,21 +375,22 @@ class PersistentContextManager:
         changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
         iterating).
         """
-        from .projection import PagedList, raw_items
+        from .projection import PagedList, _resolve, raw_items
 
         s = self._s
         s.check_open()
         messages: Any = s.full().messages  # (a lazy history loads its refs, never its messages)
         items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
         pager = messages.pager if type(messages) is PagedList else None
-        for i, v in enumerate(items):
-            if i and i % chunk == 0:
+        for start in range(0, len(items), chunk):
+            if start:
                 await asyncio.sleep(0)
                 s.check_open()
-            if type(v) is int:
-                assert pager is not None
-                v = pager.fetch(v)
-            yield copy_json(v)
+            part = items[start:start + chunk]
+            if pager is not None:
+                part = _resolve(part, pager)
+            for v in part:
+                yield copy_json(v)
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.

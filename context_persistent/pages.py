@@ -15,14 +15,18 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from .paths import LOG_NAME
+
 from . import codec
 from .errors import LogCorruptedError
-from .log import line_at, read_line_at
+from .segments import LogReader
 
 REF_INDEX_BITS = 20
 _INDEX_MASK = (1 << REF_INDEX_BITS) - 1
 #: Default bound of the cache of parsed messages: the JSON bytes of the messages it holds.
 CACHE_BYTES = 32 << 20
+#: The most log bytes one sequential read of :meth:`MessageReader.fetch_many` spans.
+RUN_BYTES = 8 << 20
 
 
 def make_ref(position: int, index: int = 0) -> int:
@@ -47,14 +51,19 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
 
 
 class MessageReader:
-    """Reads messages by ref from one session's log, through an LRU cache of at most ``cache_bytes``.
+    """Reads messages by ref from one session's log (its folder ``directory``), through an LRU cache of at most
+    ``cache_bytes``. Lines are read through a :class:`~context_persistent.segments.LogReader` kept open (global
+    positions across sealed segments); it is opened again when a position lies beyond what it saw (a roll since)
+    and by :meth:`clear`. :meth:`close` releases it.
 
     ``reads`` counts lines read from the log and ``hits`` refs served from the cache (tests and benchmarks
     use them to check that a path reads only what it needs).
     """
 
-    def __init__(self, path: Path, cache_bytes: int = CACHE_BYTES) -> None:
-        self.path = path
+    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES) -> None:
+        self.directory = directory
+        self.path = directory / LOG_NAME
+        self._reader: LogReader | None = None
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[int, tuple[Any, int]] = OrderedDict()
         self._held = 0
@@ -71,17 +80,17 @@ class MessageReader:
             self.hits += 1
             return hit[0]  # type: ignore[no-any-return]
         position, index = split_ref(ref)
-        line = read_line_at(self.path, position)
+        line = self._line(position)
         self.reads += 1
         try:
             rec = codec.decode(line)
         except codec.RecordError as e:
-            raise LogCorruptedError(str(self.path), line_at(self.path, position), position,
+            raise LogCorruptedError(str(self.path), 0, position,
                                     f"the record a message of the history refers to fails verification: {e}"
                                     ) from None
         message = message_of(rec, index)
         if type(message) is not dict:
-            raise LogCorruptedError(str(self.path), line_at(self.path, position), position,
+            raise LogCorruptedError(str(self.path), 0, position,
                                     f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
                                     f"index {index}, which the history refers to")
         data = rec["data"]
@@ -95,6 +104,87 @@ class MessageReader:
         else:
             self.put(ref, message, len(line))
         return message
+
+    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
+        """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
+        read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
+        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
+        cache (a pass over the whole history would evict what the request view reads)."""
+        out: list[Any] = [None] * len(refs)
+        want: dict[int, list[int]] = {}
+        cache = self._cache
+        for k, ref in enumerate(refs):
+            hit = cache.get(ref)
+            if hit is not None:
+                self.hits += 1
+                out[k] = hit[0]
+            else:
+                want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+        if want:
+            positions = sorted(want)
+            i = 0
+            while i < len(positions):
+                j = i
+                while j + 1 < len(positions) and positions[j + 1] - positions[i] <= RUN_BYTES:
+                    j += 1
+                self._read_run(positions[i:j + 1], want, refs, out)
+                i = j + 1
+        return out
+
+    def _read_run(self, positions: list[int], want: dict[int, list[int]], refs: list[int], out: list[Any]) -> None:
+        done = set()
+        if self._reader is None:
+            self._reader = LogReader(self.directory)
+        lines = self._reader.lines(positions[0], positions[-1] + 1)
+        while True:
+            try:
+                at, line = next(lines)
+            except StopIteration:
+                break
+            except (ValueError, LogCorruptedError):
+                break  # (the reader predates a roll: what is left is read one by one below, which reopens it)
+            ks = want.get(at)
+            if ks is None or not line.endswith(b"\n"):
+                continue
+            self.reads += 1
+            try:
+                rec = codec.decode(line)
+            except codec.RecordError as e:
+                raise LogCorruptedError(str(self.path), 0, at, "the record a message of the history refers "
+                                        f"to fails verification: {e}") from None
+            for k in ks:
+                message = message_of(rec, refs[k] & _INDEX_MASK)
+                if type(message) is not dict:
+                    raise LogCorruptedError(str(self.path), 0, at, f"the record (seq {rec.get('seq')}, "
+                                            f"{rec.get('type')}) holds no message at index "
+                                            f"{refs[k] & _INDEX_MASK}, which the history refers to")
+                out[k] = message
+            done.add(at)
+        for p in positions:
+            if p not in done:
+                for k in want[p]:
+                    out[k] = self.fetch(refs[k])
+
+    def _line(self, position: int) -> bytes:
+        """The line at global ``position``: through the open reader, opened again once if the position is
+        beyond what it saw; LogCorruptedError if no complete line starts there."""
+        for attempt in (0, 1):
+            if self._reader is None:
+                self._reader = LogReader(self.directory)
+            try:
+                line = self._reader.read_line_at(position)
+            except (ValueError, LogCorruptedError) as e:  # (past what the reader saw: opened before a roll?)
+                line, why = b"", e.reason if isinstance(e, LogCorruptedError) else str(e)
+            else:
+                why = "the log ends before its newline"
+                if line.endswith(b"\n"):
+                    return line
+            self._reader.close()
+            self._reader = None
+            if attempt:
+                raise LogCorruptedError(str(self.path), 0, position, f"no complete record starts at this byte, which "
+                                        f"a message of the history refers to: {why}")
+        raise AssertionError("unreachable")
 
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
@@ -111,8 +201,15 @@ class MessageReader:
             self._held -= n
 
     def clear(self) -> None:
+        """Forget everything read (after the log was rewritten: erasure)."""
         self._cache.clear()
         self._held = 0
+        self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     @property
     def held_bytes(self) -> int:

@@ -229,6 +229,8 @@ class Pager(Protocol):
 
     def fetch(self, ref: int) -> dict[str, Any]: ...
 
+    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]: ...
+
     def put(self, ref: int, message: dict[str, Any], size: int) -> None: ...
 
 
@@ -253,8 +255,7 @@ class PagedList:
 
     def __getitem__(self, i: Any) -> Any:
         if type(i) is slice:
-            fetch = self.pager.fetch
-            return [fetch(v) if type(v) is int else v for v in self.items[i]]
+            return _resolve(self.items[i], self.pager)
         v = self.items[i]
         return self.pager.fetch(v) if type(v) is int else v
 
@@ -271,9 +272,9 @@ class PagedList:
         self.items.extend(values.items if type(values) is PagedList else values)
 
     def __iter__(self) -> Iterator[Any]:
-        fetch = self.pager.fetch
-        for v in self.items:
-            yield fetch(v) if type(v) is int else v
+        items, pager = self.items, self.pager
+        for start in range(0, len(items), ITER_CHUNK):  # (refs read in runs: pages.MessageReader.fetch_many)
+            yield from _resolve(items[start:start + ITER_CHUNK], pager)
 
     def __contains__(self, value: Any) -> bool:
         return any(m == value for m in self)
@@ -297,6 +298,19 @@ class PagedList:
 
     def __repr__(self) -> str:
         return f"<PagedList {len(self.items)} messages>"
+
+
+#: Items a PagedList resolves per read of the log while iterating.
+ITER_CHUNK = 1024
+
+
+def _resolve(items: list[Any], pager: Pager) -> list[Any]:
+    """``items`` with every ref replaced by its message (read together, in runs)."""
+    refs = [v for v in items if type(v) is int]
+    if not refs:
+        return list(items)
+    got = iter(pager.fetch_many(refs))
+    return [next(got) if type(v) is int else v for v in items]
 
 
 def raw_items(messages: Any) -> list[Any]:

@@ -43,7 +43,11 @@ from . import codec
 from . import events as ev
 from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from .errors import SessionNotFoundError
+from .errors import LogCorruptedError
 from .log import FileLock, crash_leaves, data_size
+from .segment_store import read_segment
+from .segment_store import recover
+from .segments import MANIFEST_NAME, LogReader, sha256_hex
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .pages import MessageReader
 from .projection import Projection
@@ -59,7 +63,8 @@ _MAX_LISTED = 100  # quarantined pieces listed in the audit event (all are in th
 
 @dataclass
 class Problem:
-    """One finding: ``kind`` (corrupt, torn, seq, unloadable), where it is, and why."""
+    """One finding: ``kind`` (corrupt, torn, seq, link, session, unloadable, segment), where it is (line and
+    byte offset in the whole log: global positions for a segmented log), and why."""
 
     kind: str
     line: int
@@ -73,7 +78,8 @@ class Problem:
 
     def describe(self) -> str:
         what = {"corrupt": "corrupt record", "torn": "torn tail", "seq": "out-of-order record",
-                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log"}[self.kind]
+                "unloadable": "unloadable record", "link": "foreign record", "session": "foreign log",
+                "segment": "damaged sealed segment"}[self.kind]
         text = f"{what} at line {self.line} (byte offset {self.offset}, {self.length} bytes): {self.reason}"
         return text + (f"; {self.lost}" if self.lost else "")
 
@@ -131,6 +137,8 @@ class Report:
     writer_pid: int | None = None
     #: Semantic findings on the history the log folds into (semantic.py): tool-call pairing and order.
     semantic: list[Finding] = field(default_factory=list)
+    #: The sealed segments' files, in order (empty for a single-file log); each was checked (check_segments).
+    segments: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -163,6 +171,48 @@ class RepairResult:
 
 
 # -- the walk (shared by verify and repair) ----------------------------------------------------------
+def _reader_lines(reader: LogReader, size: int, skip: list[Problem]) -> Iterator[tuple[int, int, bytes]]:
+    """As :func:`_lines` across a segmented log (global offsets; lines counted over the whole log), leaving out
+    the sealed segments in ``skip`` (damaged: reported on their own; their seqs show as a gap)."""
+    n = 0
+    ranges = [(s.start, s.end) for s in reader.segments if not any(p.offset == s.start for p in skip)]
+    ranges.append((reader.base, size))
+    for start, end in ranges:
+        for offset, line in reader.lines(start, end):
+            n += 1
+            yield n, offset, line
+
+
+def check_segments(reader: LogReader) -> list[Problem]:
+    """Each sealed segment against its manifest entry: the file's SHA-256 (and, compressed, that every frame
+    decompresses to the recorded bytes), its size, and its first and last record's seq and crc."""
+    problems = []
+    for seg in reader.segments:
+        path = reader.directory / seg.file
+        try:
+            data = read_segment(reader.directory, seg)
+            if seg.compressed is not None:
+                with open(path, "rb") as f:
+                    blob = f.read()
+                if sha256_hex(blob) != seg.compressed.sha256:
+                    raise ValueError(f"the compressed file's SHA-256 is not {seg.compressed.sha256}")
+                for i in range(len(seg.compressed.frames)):  # every frame on its own, as random reads use them
+                    reader.segment_file(reader.segments.index(seg)).frame(i)
+            first = codec.decode(data[: data.index(b"\n") + 1])
+            last = codec.decode(data[data.rindex(b"\n", 0, len(data) - 1) + 1:])
+            if (first["seq"], first["crc"], last["seq"], last["crc"]) != (seg.first_seq, seg.first_crc,
+                                                                          seg.last_seq, seg.last_crc):
+                raise ValueError(f"it holds seqs {first['seq']}..{last['seq']} (crc {first['crc']}..{last['crc']}), "
+                                 f"the manifest says {seg.first_seq}..{seg.last_seq} "
+                                 f"({seg.first_crc}..{seg.last_crc})")
+        except (OSError, ValueError, LogCorruptedError, codec.RecordError) as e:
+            reason = e.reason if isinstance(e, LogCorruptedError) else str(e)
+            problems.append(Problem("segment", 0, seg.start, seg.size, f"{seg.file}: {reason}", seg.first_seq,
+                                    lost=f"seqs {seg.first_seq}..{seg.last_seq} cannot be trusted until it is "
+                                         "restored from a backup"))
+    return problems
+
+
 def _lines(path: Path, size: int) -> Iterator[tuple[int, int, bytes]]:
     """``(line number, offset, bytes)`` of each line within the first ``size`` bytes."""
     with open(path, "rb") as f:
@@ -182,15 +232,18 @@ class _Walk:
 
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None, session_id: str = "") -> None:
+                 progress: Callable[[int, int], None] | None = None, session_id: str = "",
+                 lines: Iterator[tuple[int, int, bytes]] | None = None, paged: bool = True) -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
+        self.lines = lines if lines is not None else _lines(path, size)
         self.root = codec.root_crc(session_id).decode()
         self.last_crc: str | None = None  # of the last kept record: the next one must name it (prev)
         self.chained = False
         self.foreign: set[Any] = set()  # crcs of the records quarantined as foreign
         self.progress = progress
-        # (a paged fold: messages stay refs into this log, read back only to compare, so memory stays bounded)
-        self.state = Projection(MessageReader(path)) if fold else None
+        # (paged: messages stay refs into this log, read back only to compare, so memory stays bounded; a repair,
+        # which replaces the log, holds them instead)
+        self.state = Projection(MessageReader(path.parent) if paged else None) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None
@@ -203,7 +256,7 @@ class _Walk:
 
     def run(self) -> "_Walk":
         progress = self.progress
-        for n, offset, line in _lines(self.path, self.size):
+        for n, offset, line in self.lines:
             if progress is not None and not n & 0xFFF:
                 progress(offset, self.size)
             if line[-1:] != b"\n":
@@ -370,20 +423,26 @@ def _normal(state: dict[str, Any]) -> Any:
     return out
 
 
-def _same_state(state: Projection, stored: dict[str, Any]) -> bool:
+def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> bool:
     """Whether a checkpoint's state equals the fold, token counts left out; messages compared one at a time
-    (refs to the same record are equal without reading it; a ref and a message are compared by content)."""
+    (refs to the same record are equal without reading it; a ref and a message are compared by content, the
+    ref read from the log in ``directory``)."""
     mine = state.to_state(refs=True)
     theirs = dict(stored)
     a, b = mine.pop("messages"), theirs.pop("messages", None)
     if _normal(mine) != _normal(theirs) or not isinstance(b, list) or len(a) != len(b):
         return False
-    pager = state.pager
+    own = MessageReader(directory) if state.pager is None else None
+    pager: Any = state.pager or own
 
     def get(v: Any) -> Any:
-        return pager.fetch(v) if type(v) is int and pager is not None else v
+        return pager.fetch(v) if type(v) is int else v
 
-    return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
+    try:
+        return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
+    finally:
+        if own is not None:
+            own.close()
 
 
 def _check_checkpoint(directory: Path, session_id: str
@@ -414,7 +473,7 @@ def _check_checkpoint(directory: Path, session_id: str
             return
         if rec["seq"] == cp.state_seq:  # the state section is at the base of a based checkpoint (or at seq)
             seen["same"] = (state is not None and cp.state is not None
-                            and _same_state(state, cp.state))
+                            and _same_state(state, cp.state, directory))
             if cp.base is not None:
                 seen["base"] = end == cp.base["position"] and rec.get("crc") == cp.base["last_crc"]
         if rec["seq"] == cp.seq:
@@ -446,11 +505,23 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
     """Read the whole log (never taking the lock) and report every problem; see the module docstring.
 
     ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it)."""
-    path = _log_path(directory, session_id)
-    size = data_size(path)  # a writer may append meanwhile: we check what was there when we started
-    status, on_record, finish = _check_checkpoint(directory, session_id)
-    walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id).run()
+    try:
+        reader = LogReader(directory, session_id)
+    except FileNotFoundError:
+        raise SessionNotFoundError(f"session {session_id!r} not found: no {directory / LOG_NAME}") from None
+    with reader:
+        path = directory / LOG_NAME
+        size = reader.end()  # a writer may append meanwhile: we check what was there when we started
+        segment_problems = check_segments(reader)
+        status, on_record, finish = _check_checkpoint(directory, session_id)
+        lines = _reader_lines(reader, size, segment_problems) if reader.segments else None
+        walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id,
+                     lines=lines).run()
+        walk.problems[:0] = segment_problems
+        segment_files = [seg.file for seg in reader.segments]
     finish(walk)
+    if walk.state is not None and walk.state.pager is not None:
+        walk.state.pager.close()  # type: ignore[attr-defined]
     pid = writer_pid(directory)
     findings: list[Finding] = []
     if walk.state is not None:  # (the history as far as it could be folded)
@@ -462,7 +533,8 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
                     f.detail += " (the history has bad records above: check again after `repair`)"
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
-                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings)
+                  checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings,
+                  segments=segment_files)
 
 
 # -- repair ------------------------------------------------------------------------------------------
@@ -532,9 +604,42 @@ def repair(directory: Path, session_id: str, progress: Callable[[int, int], None
     path = _log_path(directory, session_id)
     lock = FileLock(directory / LOCK_NAME, session_id)
     try:
+        recover(directory, session_id)  # (a roll, compression or erasure a killed writer left midway)
         return _repair_locked(directory, session_id, path, progress)
     finally:
         lock.release()
+
+
+def _segmented_walk(directory: Path, session_id: str, out: Callable[[bytes], None], on_record: Any,
+                    progress: Callable[[int, int], None] | None) -> tuple[_Walk, int, int]:
+    """The walk of a segmented log: every segment is read (the chain runs across them), only the active
+    segment's records are kept (written to ``out``). Returns ``(walk, base, size)``; a problem inside a sealed
+    segment is unfixable here (repair never rewrites a sealed segment: restore it from a backup)."""
+    with LogReader(directory, session_id) as reader:
+        base = reader.base
+        size = reader.end()
+        segment_problems = check_segments(reader)
+        at = [0]
+
+        def lines() -> Iterator[tuple[int, int, bytes]]:
+            for n, offset, line in _reader_lines(reader, size, segment_problems):
+                at[0] = offset
+                yield n, offset, line
+
+        def keep(raw: bytes) -> None:
+            if at[0] >= base:
+                out(raw)
+
+        walk = _Walk(directory / LOG_NAME, size, keep=keep, fold=True, on_record=on_record, progress=progress,
+                     session_id=session_id, lines=lines()).run()
+    for p in segment_problems:
+        walk.problems.insert(0, p)
+    for p, _ in walk.bad:
+        if p.offset < base:
+            p.kind, p.reason = "segment", (f"{p.reason} (inside a sealed segment, which repair never rewrites: "
+                                           "restore the segment from a backup)")
+    walk.bad = [(p, raw) for p, raw in walk.bad if p.kind != "segment"]
+    return walk, base, size
 
 
 def _repair_locked(directory: Path, session_id: str, path: Path,
@@ -543,12 +648,20 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
     status, on_record, finish = _check_checkpoint(directory, session_id)
     store = FileCheckpointStore(directory)
     out = _Writer(directory / _REPAIR_TMP)
+    segmented = (directory / MANIFEST_NAME).exists()
     try:
-        walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
-                     session_id=session_id).run()
+        if segmented:
+            walk, base, size = _segmented_walk(directory, session_id, out, on_record, progress)
+        else:
+            walk = _Walk(path, size, keep=out, fold=True, on_record=on_record, progress=progress,
+                         session_id=session_id, paged=False).run()
         finish(walk)
         fixable = [p for p, _ in walk.bad]
-        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session")]
+        unfixable = [p for p in walk.problems if p.kind in ("unloadable", "session", "segment")]
+        if segmented and any(p.kind == "segment" for p in unfixable):
+            out.abandon()
+            return RepairResult(session_id, str(path), False, walk.records, [], None, walk.gaps, False,
+                                size, size, None, unfixable)
         # A log of another session id is never rebuilt: its records are not ours to keep or quarantine.
         if (not fixable and all(g.explained for g in walk.gaps)) or any(p.kind == "session" for p in unfixable):
             out.abandon()

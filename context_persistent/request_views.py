@@ -17,6 +17,7 @@ from . import codec
 from . import events as ev
 from .ledger import TokenLedger
 from .projection import LazyList
+from .log import FileEventLog
 from .session import EVENT_COMPACTION, EVENT_POST_COMPACT, EVENT_PRE_COMPACT, Session
 from .writer import Writer
 
@@ -240,6 +241,8 @@ class RequestViews:
         if "window" in stats:
             record.update(before_tokens_exact=False, window=stats["window"])
         self._writer.defer(ev.COMPACTED, record)
+        if s.config["roll_on_compaction"] and hasattr(s.log, "roll_after_next_append"):
+            s.log.roll_after_next_append()  # a segment boundary right after the audit record (segments.py)
 
     async def _maybe_export_on_compact(self, stats: dict[str, Any]) -> None:
         """With ``export_on_compact``: snapshot the reasoning view when a compaction dropped something, at most

@@ -55,7 +55,7 @@ class Session:
         self.root = codec.root_crc(session_id)
         #: A file log's history keeps refs to its records, not the messages: they are read back through this
         #: (a bounded cache, then the log; pages.py, docs/architecture.md "Bounded memory"). None elsewhere.
-        self.pager = (MessageReader(log.path, config["page_cache_bytes"]) if isinstance(log, FileEventLog)
+        self.pager = (MessageReader(log.directory, config["page_cache_bytes"]) if isinstance(log, FileEventLog)
                       else None)
         self.state = Projection(self.pager)
         self.counter = TokenCounter(config["tokenizer"])
@@ -99,7 +99,7 @@ class Session:
 
     def log_position(self) -> int | None:
         """Where the next record starts in the log, for a paged history (None: the history holds messages)."""
-        return self.log.size if self.pager is not None else None  # type: ignore[attr-defined, no-any-return]
+        return self.log.position if self.pager is not None else None  # type: ignore[attr-defined, no-any-return]
 
     def log_dir(self) -> Path:
         return self.storage_path / self.session_id

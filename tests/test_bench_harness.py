@@ -21,7 +21,7 @@ from benchmarks.workloads import agent_mix, sized_message, write_reference  # no
 
 TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
         "replay_4k=10", "replay_rounds=1", "replay_large_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
-        "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1",
+        "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
         "long_small=40", "long_medium=90", "long_large=0", "long_appends=20"]
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
@@ -50,6 +50,8 @@ EXPECTED = {
                      "90: first request: reference module / ours", "90: peak RSS, first request: ours vs SQLiteSession",
                      "90: 20 appends: SQLiteSession / ours", "90: peak RSS, context-persistent verify",
                      "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
+    "segments": ["roll (seal) of a 1 MiB active segment", "roll and compress a 1 MiB segment",
+                 "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment"],
 }
 
 

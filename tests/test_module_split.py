@@ -59,3 +59,33 @@ def test_every_pg_name_is_offered_by_the_package() -> None:
         assert hasattr(pg, name), name
     assert pg.PostgresEventLog.__module__ == "context_persistent.pg.log"
     assert pg.init_schema.__module__ == "context_persistent.pg.admin"
+
+
+PARTS = ("session", "writer", "appends", "system_prompt", "edits", "erase", "ledger", "request_views", "lifecycle")
+
+
+def test_the_store_parts_load_with_the_first_store_not_with_the_import() -> None:
+    """`import context_persistent` loads the facade only; its parts load when a store is made."""
+    import subprocess
+    import sys
+
+    code = ("import sys, context_persistent\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('context_persistent.')))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=PKG.parent).stdout.split())
+    assert "context_persistent.manager" in loaded
+    assert not loaded & {f"context_persistent.{p}" for p in PARTS}
+
+
+def test_the_store_is_a_facade() -> None:
+    """Every method of PersistentContextManager but ``__init__`` (which wires the parts) delegates: a few
+    statements each (a dozen at most), its docstring aside; the parts never import the facade at run time."""
+    tree = ast.parse((PKG / "manager.py").read_text())
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PersistentContextManager")
+    for node in store.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__":
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            statements = sum(1 for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.stmt))
+            assert statements <= 12, f"PersistentContextManager.{node.name} has {statements} statements"
+    for part in PARTS:
+        assert "context_persistent.manager" not in _runtime_imports(PKG / f"{part}.py"), part

@@ -84,7 +84,9 @@ class SystemIndex:
         if start > n or (start and keys[start - 1] != self.last_key):
             start, found = 0, []
         # (assigned only at the end: a read that fails, e.g. LoadRefused on a lazy history, changes nothing)
-        found = found + [i for i in range(start, n) if is_system(messages[i])]
+        found = list(found)
+        for off in range(start, n, 4096):  # (in slices: a paged history reads them in runs, a slice at a time)
+            found.extend(off + j for j, m in enumerate(messages[off:min(n, off + 4096)]) if is_system(m))
         self.found, self.scanned, self.last_key = found, n, (keys[n - 1] if n else None)
         return list(found)
 

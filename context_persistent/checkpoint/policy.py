@@ -242,7 +242,9 @@ class Checkpointer:
 
         assert cp.base is not None and isinstance(cp.position, int)
         start = cp.base["position"]
-        for rec, end in scan(log.path, start, None, cp.position):
+        for rec, end in log._records(start):  # (global positions, across sealed segments)
+            if end > cp.position:
+                break
             if rec["seq"] <= state.head_seq or rec["seq"] > cp.seq:
                 raise CheckpointError(f"the log between the state section (seq {state.head_seq}) and the front "
                                       f"(seq {cp.seq}) holds seq {rec['seq']}")
@@ -258,8 +260,8 @@ class Checkpointer:
 
         state = Projection(self.pager)
         start = 0
-        for rec, end in scan(log.path, 0, 1, cp.position):
-            if rec["seq"] > cp.seq:
+        for rec, end in log._records(0):  # (global positions, across sealed segments)
+            if rec["seq"] > cp.seq or end > cp.position:
                 break
             state.apply(rec, start, end - start)
             start = end

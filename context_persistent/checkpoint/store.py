@@ -280,7 +280,13 @@ def checkpoint_store_for(log: Any) -> CheckpointStore | None:
 
 
 async def first_record_crc(log: Any) -> str | None:
-    """The checksum of the log's first record (its identity), reading only that record."""
+    """The checksum of the log's first record (its identity), reading only that record (or, for a segmented
+    file log, taking it from the manifest: no sealed segment is read)."""
+    known = getattr(log, "first_crc", None)
+    if callable(known):
+        crc = known()
+        if crc is not None:
+            return crc  # type: ignore[no-any-return]
     batches = log.read_batches(0, None, batch=1)
     try:
         async for batch in batches:

@@ -37,6 +37,10 @@ def _print_json(value: dict[str, Any]) -> None:
 def format_report(r: Report) -> str:
     lines = [f"session {r.session_id}: {r.path}",
              f"  {r.records} records, seq {r.first_seq}..{r.last_seq}, {r.size} bytes"]
+    if r.segments:
+        zst = sum(1 for name in r.segments if name.endswith(".zst"))
+        lines.append(f"  {len(r.segments)} sealed segments ({zst} compressed) before the active one; each checked "
+                     "against the SHA-256 recorded when it was sealed")
     if r.writer_pid:
         lines.append(f"  note: a writer (pid {r.writer_pid}) has the session open; an incomplete last record "
                      "may be a write in progress")
@@ -71,7 +75,9 @@ def format_report(r: Report) -> str:
 
 
 def format_repair(r: RepairResult) -> str:
-    if not r.changed:
+    if not r.changed and any(p.kind == "segment" for p in r.unfixable):
+        lines = [f"session {r.session_id}: not repaired: a sealed segment is damaged (nothing was changed)"]
+    elif not r.changed:
         lines = [f"session {r.session_id}: the log needs no repair ({r.kept} valid records)"]
         if r.checkpoint_removed:
             lines.append("  removed a checkpoint open would ignore (a cache; the next close writes a new one)")
@@ -90,7 +96,9 @@ def format_repair(r: RepairResult) -> str:
             lines.append("  removed the checkpoint (a cache; the next open replays the log)")
         lines.append(f"  rebuilt the log atomically: {r.old_size} -> {r.new_size} bytes")
     for p in r.unfixable:
-        lines.append(f"  NOT FIXED {p.describe()} (its checksum is valid: repair never removes a valid record)")
+        why = ("repair never rewrites a sealed segment: restore it from a backup" if p.kind == "segment"
+               else "its checksum is valid: repair never removes a valid record")
+        lines.append(f"  NOT FIXED {p.describe()} ({why})")
     return "\n".join(lines)
 
 
@@ -217,6 +225,48 @@ def run_repair(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if result.unfixable else EXIT_OK
 
 
+def run_migrate(args: argparse.Namespace) -> int:
+    from ..log import SEGMENT_BYTES
+    from ..segment_store import migrate
+
+    directory = _directory(args)
+    size = SEGMENT_BYTES if args.segment_bytes is None else args.segment_bytes
+    try:
+        result = migrate(directory, args.session, size, args.compress)
+    except SessionLockedError as e:
+        holder = f"pid {e.pid}" if e.pid else "another process"
+        raise _Locked(f"session {e.session_id!r} is open for writing by {holder}: migrate needs the session to "
+                      f"itself. Let that agent close the session, then run `context-persistent migrate "
+                      f"{e.session_id}` again") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    for line in result["recovered"]:  # type: ignore[attr-defined]
+        print(f"  finished first: {line}")
+    if result.get("already"):
+        done = result["compressed"]
+        print(f"session {args.session} is already segmented; "
+              + (f"compressed {len(done)} sealed segment(s): {', '.join(done)}" if done  # type: ignore[arg-type]
+                 else "nothing to do" + ("" if args.compress else " (--compress compresses its sealed segments)")))
+        return EXIT_OK
+    sealed = result["sealed"]
+    print(f"migrated session {args.session}: {result['bytes']} bytes into {len(sealed)} sealed segment(s) "  # type: ignore[arg-type]
+          f"({', '.join(sealed)}) and an empty active events.jsonl; byte positions are unchanged")  # type: ignore[arg-type]
+    return EXIT_OK
+
+
+def _byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more bytes, got {value}")
+    return value
+
+
 class _Locked(ContextPersistentError):
     """The session is held by a writer: what a command-line user can do about it."""
 
@@ -254,3 +304,22 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="also record fixes for unpaired tool calls and results as events: a placeholder result "
                         "for each unanswered call, a redaction for each message of orphaned results")
     p.set_defaults(func=run_repair)
+    p = sub.add_parser(
+        "migrate", parents=[common], formatter_class=fmt,
+        help="convert a single-file session log to sealed segments (optionally compressed)",
+        description="Convert a session's single-file log (events.jsonl) into sealed segments listed in "
+                    "segments.json, cut every --segment-bytes, and start an empty active segment; on a log that "
+                    "has segments already, --compress compresses the sealed ones. Crash-safe: the old file stays "
+                    "the log until the new files are written and verified. Takes the writer lock: refuses while a "
+                    "store has the session open. Single-file logs keep working without it.",
+        epilog="examples:\n  context-persistent migrate my-session\n"
+               "  context-persistent migrate my-session --compress --segment-bytes 16777216\n"
+               "exit codes: 0 migrated or nothing to do, 1 refused (session locked, not found, damaged log), "
+               "2 usage error\n",
+    )
+    p.add_argument("session", metavar="SESSION", help="session id")
+    p.add_argument("--segment-bytes", type=_byte_count, default=None, metavar="N",
+                   help="cut a segment at the first record end after every N bytes (default 67108864, 64 MiB; "
+                        "0: one segment)")
+    p.add_argument("--compress", action="store_true", help="store the sealed segments as zstd frames (.jsonl.zst)")
+    p.set_defaults(func=run_migrate)

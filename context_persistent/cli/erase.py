@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from ..errors import ContextPersistentError, SessionLockedError, SessionNotFoundError
-from ..paths import FILE_MODE, LOG_NAME, session_dir
+from ..paths import FILE_MODE, session_dir
+from ..segments import has_log
 from . import backend_of, require_storage
 from .inspect import _parser, _run, _seq, print_json
 
@@ -63,7 +64,7 @@ async def _erase(args: argparse.Namespace) -> int:
 
     backend: dict[str, Any] = dict(backend_of(args))
     storage = require_storage(args)
-    if not backend and not (session_dir(storage, args.session) / LOG_NAME).exists():
+    if not backend and not has_log(session_dir(storage, args.session)):
         raise SessionNotFoundError(f"session {args.session!r} not found in {storage}")
     if backend:  # (a writer open would create a missing session)
         probe = await PersistentContextManager.open(storage_path=storage, session_id=args.session, readonly=True,

@@ -139,7 +139,21 @@ def _last_ts(log_path: Path) -> str | None:
             return str(codec.decode(line)["ts"])
         except (ValueError, KeyError):
             continue
+    if size == 0:  # an active segment just started: the last record ends the last sealed segment
+        from ..segments import LogReader
+
+        try:
+            with LogReader(log_path.parent) as reader:
+                return str(codec.decode(reader.line_ending_at(reader.base))["ts"]) if reader.base else None
+        except (OSError, ValueError, KeyError):
+            return None
     return None
+
+
+def _log_bytes(log: Any) -> int | None:
+    """A file log's size: its sealed segments (uncompressed) and its active segment; None for a database."""
+    size = getattr(log, "size", None)
+    return None if size is None else int(size) + int(getattr(log, "base", 0))
 
 
 def _iso(value: Any) -> str | None:
@@ -161,14 +175,16 @@ async def _ls(args: argparse.Namespace) -> int:
         updated = {r["session_id"]: r.get("updated_at") for r in listed}
     else:
         root = Path(require_storage(args))
+        from ..segments import has_log
+
         ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
-                     if not d.name.startswith(".") and (d / LOG_NAME).is_file())
+                     if not d.name.startswith(".") and has_log(d))
     for sid, log_path in ids:
         row: dict[str, Any] = {"session_id": sid}
         try:
             async with await _open(args, sid) as store:  # no token counting here: ls stays fast
                 row.update(messages=len(store._state.messages), events=store.head_seq,
-                           bytes=getattr(store._log, "size", None),
+                           bytes=_log_bytes(store._log),
                            last_activity=_last_ts(log_path) if log_path else _iso(updated.get(sid)))
         except Exception as e:  # one unreadable session must not hide the others
             problem = True
@@ -200,7 +216,7 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
 
 # -- where ------------------------------------------------------------------------------------------
 async def _where_cmd(args: argparse.Namespace) -> int:
-    from ..paths import LOG_NAME
+    from ..segments import has_log
 
     where, source = _where(args)
     info: dict[str, Any] = {"storage": where, "source": source,
@@ -209,7 +225,7 @@ async def _where_cmd(args: argparse.Namespace) -> int:
         root = Path(where)
         info["exists"] = root.is_dir()
         info["sessions"] = sum(1 for d in root.iterdir() if not d.name.startswith(".")
-                               and (d / LOG_NAME).is_file()) if root.is_dir() else 0
+                               and has_log(d)) if root.is_dir() else 0
     if args.json:
         print_json(info)
         return 0

@@ -42,7 +42,8 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ..events import ROLES
 from ..manager import PersistentContextManager
-from ..paths import LOG_NAME, MAX_SESSION_ID, make_private_dirs, validate_session_id
+from ..paths import MAX_SESSION_ID, make_private_dirs, validate_session_id
+from ..segments import has_log
 
 __all__ = ["PersistentHistoryProvider", "decode_message", "encode_message", "store_session_id"]
 
@@ -185,7 +186,7 @@ class PersistentHistoryProvider(HistoryProvider):
         store = self._stores.get(sid)
         if store is not None:
             return store
-        if not create and self._is_file_backend() and not (self.storage_path / sid / LOG_NAME).exists():
+        if not create and self._is_file_backend() and not has_log(self.storage_path / sid):
             return None
         lock = self._locks.setdefault(sid, asyncio.Lock())
         async with lock:

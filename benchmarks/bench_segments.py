@@ -1,0 +1,127 @@
+"""Segmented logs: the cost of sealing (a roll), of compressing a sealed segment, and of reading one record by
+position from a plain and from a compressed sealed segment.
+
+Each round runs in a fresh interpreter on its own copy of a session whose active segment holds
+``segments_mb`` MiB (written with ``segment_bytes: 0``, so nothing rolled yet). References (floors):
+
+- a roll reads the segment once (checksums of every record and a SHA-256): the floor is reading the same file
+  and hashing it with SHA-256;
+- a compression reads, compresses and checks the segment: the floor is one ``zstandard`` compression of the
+  same bytes at the same level, in one piece;
+- a random read of one record: the floor is one ``os.pread`` of the same bytes from the plain file.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ._harness import Ctx, Row, compare, run_child
+from .workloads import sized_messages, write_session
+
+GROUP = "segments"
+
+ROLL = """
+import asyncio, hashlib, json, os, sys, time
+from context_persistent import PersistentContextManager
+storage, compress = sys.argv[1], sys.argv[2] == "1"
+
+async def main():
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="never",
+                                                segment_bytes=0, compress_sealed=compress)
+    try:
+        path = store._log.path
+        t = time.perf_counter()
+        with open(path, "rb") as f:
+            hashlib.sha256(f.read()).hexdigest()
+        floor = time.perf_counter() - t
+        size = store._log.size
+        t = time.perf_counter()
+        store._log.roll()
+        took = time.perf_counter() - t
+        return {"roll": took, "floor": floor, "bytes": size}
+    finally:
+        await store.close()
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+COMPRESS_FLOOR = """
+import json, sys, time
+import zstandard
+with open(sys.argv[1], "rb") as f:
+    data = f.read()
+t = time.perf_counter()
+zstandard.ZstdCompressor(level=3).compress(data)
+print(json.dumps({"floor": time.perf_counter() - t}))
+"""
+
+READS = """
+import json, os, random, sys, time
+from context_persistent.segments import LogReader
+folder = sys.argv[1]
+with LogReader(folder) as reader:
+    lines = list(reader.lines(0, reader.base))
+    rng = random.Random(7)
+    picks = [lines[rng.randrange(len(lines))] for _ in range(2000)]
+    seg = reader.segments[0]
+    plain = os.path.join(folder, seg.name)
+    fd = os.open(plain, os.O_RDONLY) if os.path.exists(plain) else -1
+    t = time.perf_counter()
+    for pos, line in picks:
+        assert reader.read_line_at(pos) == line
+    ours = (time.perf_counter() - t) / len(picks)
+floor = 0.0
+if fd >= 0:
+    t = time.perf_counter()
+    for pos, line in picks:
+        os.pread(fd, len(line), pos)
+    floor = (time.perf_counter() - t) / len(picks)
+    os.close(fd)
+print(json.dumps({"read": ours, "floor": floor}))
+"""
+
+
+def _fresh(ctx: Ctx, template: Path, name: str) -> Path:
+    target = ctx.tempdir(name) / "store"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(template, target)
+    return target
+
+
+def run(ctx: Ctx) -> list[Row]:
+    ctx.defaults(quick={"segments_mb": 16}, full={"segments_mb": 64})
+    mb = ctx.size("segments_mb")
+    if mb <= 0:
+        return []
+    template = ctx.tempdir(f"segments-{mb}") / "store"
+    if not template.exists():
+        write_session(template, "s", sized_messages(mb * 1024 * 1024 // 1100, 1000))
+    rolls: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    floors_zst: list[float] = []
+    reads: dict[bool, dict[str, float]] = {}
+    for compress in (False, True):
+        for r in range(ctx.rounds):
+            ctx.log(f"segments: roll of {mb} MiB, compress_sealed={compress}, round {r + 1}/{ctx.rounds}")
+            storage = _fresh(ctx, template, f"segments-roll-{int(compress)}")
+            if compress:
+                floors_zst.append(run_child(COMPRESS_FLOOR, str(storage / "s" / "events.jsonl"))["floor"])
+            rolls[compress].append(run_child(ROLL, str(storage), "1" if compress else "0"))
+        reads[compress] = run_child(READS, str(storage / "s"))
+    plain = rolls[False]
+    zst = rolls[True]
+    return [
+        compare(GROUP, f"roll (seal) of a {mb} MiB active segment", [x["roll"] * 1000 for x in plain],
+                [x["floor"] * 1000 for x in plain], unit="ms",
+                ref_name="floor: read the file and SHA-256 it"),
+        compare(GROUP, f"roll and compress a {mb} MiB segment (compress_sealed)",
+                [(x["roll"] - p["roll"]) * 1000 for x, p in zip(zst, plain)], [f * 1000 for f in floors_zst],
+                unit="ms", ref_name="floor: one zstd compression (level 3) of the same bytes, in one piece",
+                note="compression only: the roll of the plain run subtracted"),
+        compare(GROUP, "read_line_at, plain sealed segment, random records", [reads[False]["read"] * 1e6],
+                [reads[False]["floor"] * 1e6], unit="µs", ref_name="floor: os.pread of the same bytes"),
+        compare(GROUP, "read_line_at, compressed sealed segment (one frame each), random records",
+                [reads[True]["read"] * 1e6], [reads[False]["floor"] * 1e6], unit="µs",
+                ref_name="floor: os.pread of the same bytes from the plain file"),
+    ]

@@ -1,0 +1,641 @@
+"""Segmented file logs: the manifest, the layout of a session's log files, and reading across them.
+
+A session's log is a sequence of segments. The *active* segment is ``events.jsonl``, appended to exactly like
+a single-file log; *sealed* segments (``segment-NNNNNN.jsonl``, or ``.jsonl.zst`` when compressed) are
+earlier, immutable parts of the log listed in ``segments.json`` (the manifest) with their seq range, crc
+range, byte range and SHA-256. A log without a manifest is a single-file log: a log with no sealed segments.
+
+Positions are global: the byte offset as if the uncompressed contents of every segment, then the active one,
+were one file. A sealed segment covers ``[start, end)``; the active segment starts at the last one's ``end``
+(``Manifest.base``). Checkpoints, follow and erasure keep using byte positions unchanged.
+
+Compressed segments are concatenated zstd frames, each holding whole records (about ``FRAME_BYTES`` of
+them), with a frame index in the manifest: a random read decompresses one frame. ``zstdcat`` reads them as
+one stream. ``zstandard`` is imported only when a compressed segment is read or written.
+
+Readers never take the writer lock. A roll renames ``events.jsonl`` to the new sealed name after the manifest
+lists it (docs/format.md, "Segments"); :class:`LogReader` resolves which file is which at that instant.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import ContextPersistentError, LogCorruptedError
+from .paths import LOG_NAME, create_private_file, fsync_dir, write_all
+
+MANIFEST_NAME = "segments.json"
+MANIFEST_VERSION = 1
+SEGMENT_PREFIX = "segment-"
+ZST = ".zst"
+#: Uncompressed bytes of whole records per zstd frame of a compressed segment (a frame holds at least one).
+FRAME_BYTES = 256 << 10
+#: A sealed segment's mode: read-only for its owner (it is replaced by rename, never written in place).
+SEALED_MODE = 0o400
+_NAME_RE = re.compile(r"segment-[0-9]{6,}\.jsonl")
+_CRC_RE = re.compile(r"[0-9a-f]{8}")
+_SHA_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_PENDING_OPS = ("seal", "replace", "remove")
+
+
+def segment_name(index: int) -> str:
+    """The file name of the ``index``-th sealed segment (1-based)."""
+    return f"{SEGMENT_PREFIX}{index:06d}.jsonl"
+
+
+class ManifestError(LogCorruptedError):
+    """``segments.json`` is not a valid manifest (names the file and what is wrong)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        ContextPersistentError.__init__(
+            self, f"{path}: the segment manifest is not valid: {reason}; nothing was loaded (the manifest is "
+                  "written only by the store; restore it from a backup)")
+        self.path, self.line, self.offset, self.reason = str(path), 0, -1, reason
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """A sealed segment stored as zstd frames: the file's size and SHA-256, and where each frame starts
+    (``(uncompressed offset in the segment, offset in the file)``, the first is ``(0, 0)``)."""
+
+    size: int
+    sha256: str
+    frames: tuple[tuple[int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "sha256": self.sha256, "frames": [list(f) for f in self.frames]}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sealed segment as the manifest records it."""
+
+    name: str
+    first_seq: int
+    last_seq: int
+    first_crc: str
+    last_crc: str
+    start: int
+    end: int
+    sha256: str
+    compressed: Compressed | None = None
+
+    @property
+    def size(self) -> int:
+        """Its uncompressed size in bytes."""
+        return self.end - self.start
+
+    @property
+    def file(self) -> str:
+        """The name of the file that holds it."""
+        return self.name + ZST if self.compressed is not None else self.name
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "first_seq": self.first_seq, "last_seq": self.last_seq,
+                               "first_crc": self.first_crc, "last_crc": self.last_crc, "start": self.start,
+                               "end": self.end, "size": self.size, "sha256": self.sha256,
+                               "compressed": None if self.compressed is None else self.compressed.to_json()}
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The sealed segments of a session's log, in order, and any step a writer had begun (``pending``)."""
+
+    session_id: str
+    segments: tuple[Segment, ...] = ()
+    #: Steps committed but perhaps not all carried out (a writer killed midway); the next writer finishes them.
+    pending: tuple[dict[str, str], ...] = ()
+    _starts: list[int] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._starts.extend(s.start for s in self.segments)
+
+    @property
+    def base(self) -> int:
+        """The global position where the active segment starts."""
+        return self.segments[-1].end if self.segments else 0
+
+    def index_at(self, position: int) -> int:
+        """The index of the sealed segment holding byte ``position`` (``start <= position < end``), else -1."""
+        i = bisect.bisect_right(self._starts, position) - 1
+        return i if i >= 0 and position < self.segments[i].end else -1
+
+    def next_name(self) -> str:
+        """The name of the next sealed segment: one past the highest number in use (never a reused name)."""
+        last = max((int(s.name[len(SEGMENT_PREFIX):].split(".")[0]) for s in self.segments), default=0)
+        return segment_name(last + 1)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({"manifest": MANIFEST_VERSION, "session_id": self.session_id,
+                             "segments": [s.to_json() for s in self.segments],
+                             "pending": list(self.pending)}, option=orjson.OPT_INDENT_2) + b"\n"
+
+    def with_segments(self, segments: tuple[Segment, ...], pending: tuple[dict[str, str], ...] = ()) -> Manifest:
+        return Manifest(self.session_id, segments, pending)
+
+
+# -- parsing (pure) --------------------------------------------------------------------------------------
+def _int(d: dict[str, Any], key: str, where: str, path: Path) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ManifestError(path, f"{where}: {key!r} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _str(d: dict[str, Any], key: str, where: str, path: Path, pattern: re.Pattern[str]) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not pattern.fullmatch(v):
+        raise ManifestError(path, f"{where}: {key!r} must match {pattern.pattern}, got {v!r}")
+    return v
+
+
+def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
+    """The manifest in ``data``; ManifestError names what is wrong (nothing is guessed or skipped)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise ManifestError(path, f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("manifest") != MANIFEST_VERSION:
+        raise ManifestError(path, f"expected a JSON object with \"manifest\": {MANIFEST_VERSION}")
+    if doc.get("session_id") != session_id:
+        raise ManifestError(path, f"it names session {doc.get('session_id')!r}, not {session_id!r} (a copied "
+                                  "or renamed folder?)")
+    raw_segments = doc.get("segments")
+    raw_pending = doc.get("pending", [])
+    if not isinstance(raw_segments, list) or not isinstance(raw_pending, list):
+        raise ManifestError(path, "\"segments\" and \"pending\" must be lists")
+    segments: list[Segment] = []
+    for i, s in enumerate(raw_segments):
+        where = f"segment {i + 1}"
+        if not isinstance(s, dict):
+            raise ManifestError(path, f"{where} is not an object")
+        name = _str(s, "name", where, path, _NAME_RE)
+        start, end = _int(s, "start", where, path), _int(s, "end", where, path)
+        first_seq, last_seq = _int(s, "first_seq", where, path), _int(s, "last_seq", where, path)
+        expected_start = segments[-1].end if segments else 0
+        if start != expected_start or end <= start:
+            raise ManifestError(path, f"{where} ({name}) covers bytes {start}..{end}; it must start at "
+                                      f"{expected_start} and not be empty")
+        if first_seq < 1 or last_seq < first_seq or (segments and first_seq <= segments[-1].last_seq):
+            raise ManifestError(path, f"{where} ({name}) holds seqs {first_seq}..{last_seq}, which do not "
+                                      "follow the segment before it")
+        if any(o.name == name for o in segments):
+            raise ManifestError(path, f"{where}: the name {name} is listed twice")
+        comp = s.get("compressed")
+        compressed = None
+        if comp is not None:
+            if not isinstance(comp, dict) or not isinstance(comp.get("frames"), list) or not comp["frames"]:
+                raise ManifestError(path, f"{where}: \"compressed\" must be null or an object with a non-empty "
+                                          "\"frames\" list")
+            frames: list[tuple[int, int]] = []
+            for f in comp["frames"]:
+                if (not isinstance(f, list) or len(f) != 2 or not all(type(x) is int for x in f)
+                        or (frames and (f[0] <= frames[-1][0] or f[1] <= frames[-1][1]))
+                        or (not frames and f != [0, 0]) or f[0] >= end - start):
+                    raise ManifestError(path, f"{where}: frame {f!r} is not a pair of increasing offsets "
+                                              "starting at [0, 0] inside the segment")
+                frames.append((f[0], f[1]))
+            csize = _int(comp, "size", where, path)
+            if csize <= frames[-1][1]:
+                raise ManifestError(path, f"{where}: the compressed size {csize} ends before its last frame")
+            compressed = Compressed(csize, _str(comp, "sha256", where, path, _SHA_RE), tuple(frames))
+        segments.append(Segment(name, first_seq, last_seq, _str(s, "first_crc", where, path, _CRC_RE),
+                                _str(s, "last_crc", where, path, _CRC_RE), start, end,
+                                _str(s, "sha256", where, path, _SHA_RE), compressed))
+    pending: list[dict[str, str]] = []
+    for p in raw_pending:
+        if (not isinstance(p, dict) or p.get("op") not in _PENDING_OPS
+                or not all(isinstance(v, str) and "/" not in v and v not in ("", ".", "..") for v in p.values())):
+            raise ManifestError(path, f"pending step {p!r} is not one of {', '.join(_PENDING_OPS)} with file names")
+        pending.append({str(k): str(v) for k, v in p.items()})
+    return Manifest(session_id, tuple(segments), tuple(pending))
+
+
+# -- manifest I/O ----------------------------------------------------------------------------------------
+def load_manifest(directory: Path, session_id: str) -> Manifest | None:
+    """The manifest of the session folder ``directory``, or None for a single-file log (no manifest)."""
+    path = directory / MANIFEST_NAME
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return parse_manifest(data, path, session_id)
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Replace the manifest atomically: a temp file, fsync, rename, folder fsync."""
+    tmp = MANIFEST_NAME + ".tmp"
+    fd = create_private_file(directory, tmp)
+    try:
+        write_all(fd, manifest.to_bytes())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(directory / tmp, directory / MANIFEST_NAME)
+    fsync_dir(directory)
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- compression (zstandard, imported lazily) ------------------------------------------------------------
+def frame_chunks(data: bytes | memoryview, frame_bytes: int = FRAME_BYTES) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each frame's uncompressed bytes: whole lines, about ``frame_bytes`` each."""
+    view = bytes(data) if isinstance(data, memoryview) else data
+    start = 0
+    n = len(view)
+    while start < n:
+        cut = start + frame_bytes
+        if cut >= n:
+            end = n
+        else:
+            nl = view.rfind(b"\n", start, cut)
+            end = nl + 1 if nl >= start else view.find(b"\n", cut) + 1 or n
+        yield start, end
+        start = end
+
+
+def compress(data: bytes, level: int = 3) -> tuple[bytes, tuple[tuple[int, int], ...]]:
+    """``data`` (whole records) as concatenated zstd frames, and the frame index."""
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+    out = bytearray()
+    frames: list[tuple[int, int]] = []
+    for start, end in frame_chunks(data):
+        frames.append((start, len(out)))
+        out += cctx.compress(data[start:end])
+    return bytes(out), tuple(frames)
+
+
+def decompress_frame(frame: bytes, size: int) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+
+
+def decompress_all(data: bytes) -> bytes:
+    """Every frame of ``data`` (as ``zstdcat`` reads it)."""
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj(read_across_frames=True).decompress(data)
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+class SegmentFile:
+    """Read access to one sealed segment's uncompressed bytes by offset inside the segment."""
+
+    def __init__(self, directory: Path, seg: Segment, fd: int) -> None:
+        self.seg = seg
+        self.fd = fd
+        self.path = directory / seg.file
+        self._frame_starts = [u for u, _ in seg.compressed.frames] if seg.compressed else []
+        self._cached: tuple[int, bytes] | None = None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def frame(self, i: int) -> bytes:
+        """The uncompressed bytes of frame ``i`` (compressed segments)."""
+        if self._cached is not None and self._cached[0] == i:
+            return self._cached[1]
+        comp = self.seg.compressed
+        assert comp is not None
+        frames = comp.frames
+        c0 = frames[i][1]
+        c1 = frames[i + 1][1] if i + 1 < len(frames) else comp.size
+        u1 = frames[i + 1][0] if i + 1 < len(frames) else self.seg.size
+        raw = os.pread(self.fd, c1 - c0, c0)
+        try:
+            data = decompress_frame(raw, u1 - frames[i][0])
+        except Exception as e:  # zstandard.ZstdError: a damaged frame
+            raise LogCorruptedError(str(self.path), 0, c0, f"zstd frame {i} cannot be decompressed ({e}); "
+                                                           "`context-persistent verify` checks every segment") from None
+        if len(data) != u1 - frames[i][0]:
+            raise LogCorruptedError(str(self.path), 0, c0, f"zstd frame {i} holds {len(data)} bytes, the "
+                                                           f"manifest says {u1 - frames[i][0]}")
+        self._cached = (i, data)
+        return data
+
+    def chunks(self, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``(segment offset, bytes)`` pieces of the segment from ``offset`` to its end."""
+        size = self.seg.size
+        if self.seg.compressed is None:
+            pos = offset
+            while pos < size:
+                data = os.pread(self.fd, min(1 << 20, size - pos), pos)
+                if not data:
+                    raise LogCorruptedError(str(self.path), 0, pos, f"the file ends at byte {pos}; the manifest "
+                                                                    f"says it holds {size}")
+                yield pos, data
+                pos += len(data)
+            return
+        i = max(0, bisect.bisect_right(self._frame_starts, offset) - 1)
+        for j in range(i, len(self._frame_starts)):
+            data = self.frame(j)
+            u0 = self._frame_starts[j]
+            if j == i and offset > u0:
+                yield offset, data[offset - u0:]
+            else:
+                yield u0, data
+
+    def line_at(self, offset: int) -> bytes:
+        """The line (with its newline) that starts at segment offset ``offset``."""
+        if self.seg.compressed is None:  # a few KiB at a time: most records are small
+            want = 4096
+            while True:
+                data = os.pread(self.fd, min(want, self.seg.size - offset), offset)
+                nl = data.find(b"\n")
+                if nl >= 0 or len(data) < want:
+                    return data[:nl + 1] if nl >= 0 else data
+                want *= 16
+        out = bytearray()
+        for _, data in self.chunks(offset):
+            nl = data.find(b"\n")
+            if nl >= 0:
+                out += data[:nl + 1]
+                return bytes(out)
+            out += data
+        return bytes(out)
+
+    def line_ending_at(self, offset: int) -> bytes:
+        """The line that ends exactly at segment offset ``offset`` (``offset`` follows a newline)."""
+        if self.seg.compressed is not None:
+            i = max(0, bisect.bisect_right(self._frame_starts, offset - 1) - 1)
+            data = self.frame(i)[: offset - self._frame_starts[i]]
+            start = data.rfind(b"\n", 0, len(data) - 1) + 1
+            return data[start:]  # (frames hold whole lines: the line starts inside this frame)
+        back = 0
+        while True:
+            back = min(offset, max(back * 16, 4096))
+            chunk = os.pread(self.fd, back, offset - back)
+            start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+            if start > 0 or back == offset:
+                return chunk[start:]
+
+
+def _open_ro(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+class LogReader:
+    """A consistent view of a session's log files for reading by global position (never takes the lock).
+
+    Resolves at construction which file holds what: the manifest's sealed segments and the active segment
+    ``events.jsonl`` (held open, so a roll that renames it meanwhile does not change what is read). Reads of
+    the active segment see what was appended after construction too. Close it (or use ``with``).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], session_id: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.session_id = session_id if session_id is not None else self.directory.name
+        self._files: dict[int, SegmentFile] = {}
+        self.active_fd = -1
+        for attempt in range(5):
+            try:
+                self._resolve()
+                return
+            except FileNotFoundError:  # a roll or compression replaced a file between two looks: look again
+                self.close()
+                if attempt == 4:
+                    raise
+
+    def _resolve(self) -> None:
+        try:
+            self.active_fd = _open_ro(self.directory / LOG_NAME)
+        except FileNotFoundError:
+            self.active_fd = -1
+        manifest = load_manifest(self.directory, self.session_id)
+        self.manifest = manifest if manifest is not None else Manifest(self.session_id)
+        #: Set when the active file is in fact the last sealed segment (a roll between its two renames).
+        self._active_is_last = False
+        if self.manifest.segments:
+            last = self.manifest.segments[-1]
+            try:
+                try:
+                    st = os.stat(self.directory / last.file)
+                except FileNotFoundError:
+                    st = os.stat(self.directory / (last.name if last.compressed else last.name + ZST))
+                if self.active_fd >= 0 and os.fstat(self.active_fd).st_ino == st.st_ino:
+                    os.close(self.active_fd)  # renamed after we opened it: what we hold is that segment
+                    self.active_fd = -1
+            except FileNotFoundError:
+                if self.active_fd < 0:
+                    raise
+                self._active_is_last = True  # the manifest lists it, the rename has not happened yet
+        if self.active_fd < 0 and not self.manifest.segments:
+            raise FileNotFoundError(f"no {LOG_NAME} in {self.directory}")
+
+    @property
+    def base(self) -> int:
+        """The global position where the active segment starts."""
+        return self.manifest.base
+
+    @property
+    def active_is_sealed(self) -> bool:
+        """True while a roll is between its two steps: ``events.jsonl`` is still the segment just sealed."""
+        return self._active_is_last
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return self.manifest.segments
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        if self.active_fd >= 0:
+            os.close(self.active_fd)
+            self.active_fd = -1
+
+    def segment_file(self, i: int) -> SegmentFile:
+        f = self._files.get(i)
+        if f is None:
+            seg = self.manifest.segments[i]
+            if self._active_is_last and i == len(self.manifest.segments) - 1:
+                fd = os.dup(self.active_fd)
+            else:
+                try:
+                    fd = _open_ro(self.directory / seg.file)
+                except FileNotFoundError:
+                    if seg.compressed is None:
+                        raise
+                    fd = _open_ro(self.directory / seg.name)  # compressed, the plain copy not yet removed
+                    seg = replace(seg, compressed=None)
+            f = self._files[i] = SegmentFile(self.directory, seg, fd)
+        return f
+
+    def active_size(self) -> int:
+        """The active segment's data size now (its reserved tail excluded)."""
+        if self.active_fd < 0 or self._active_is_last:
+            return 0
+        from .log import data_end
+
+        return data_end(self.active_fd)
+
+    def end(self) -> int:
+        """The global position of the end of the log's data now."""
+        return self.base + self.active_size()
+
+    def where(self, position: int) -> tuple[Path, int]:
+        """``(file, offset inside its uncompressed bytes)`` of a global position (for messages)."""
+        i = self.manifest.index_at(position)
+        if i < 0:
+            return self.directory / LOG_NAME, position - self.base
+        seg = self.manifest.segments[i]
+        return self.directory / seg.file, position - seg.start
+
+    def line_number(self, position: int) -> int:
+        """The 1-based line number, inside its file, of the line at global ``position`` (for messages)."""
+        i = self.manifest.index_at(position)
+        start = self.manifest.segments[i].start if i >= 0 else self.base
+        return 1 + sum(data.count(b"\n") for _, data in self.chunks(start, position))
+
+    def chunks(self, position: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """``(global position, bytes)`` pieces of the log's data from ``position`` (a record start) to ``end``
+        (default: the data end now), across segments."""
+        stop = self.end() if end is None else end
+        pos = position
+        segs = self.manifest.segments
+        i = self.manifest.index_at(pos)
+        while 0 <= i < len(segs) and pos < stop:
+            seg = segs[i]
+            for off, data in self.segment_file(i).chunks(pos - seg.start):
+                g = seg.start + off
+                if g >= stop:
+                    break
+                piece = data[: stop - g]
+                yield g, piece
+                pos = g + len(piece)
+            i += 1
+        while pos < stop and self.active_fd >= 0 and not self._active_is_last:
+            data = os.pread(self.active_fd, min(1 << 20, stop - pos), pos - self.base)
+            if not data:
+                break
+            yield pos, data
+            pos += len(data)
+
+    def lines(self, position: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """``(global position, line)`` of each line from ``position`` (a record start) to ``end``; a last
+        line without its newline is yielded as it is. Lines never span segments."""
+        carry = b""
+        carry_at = position
+        for g, data in self.chunks(position, end):
+            if carry and g != carry_at + len(carry):
+                yield carry_at, carry  # (a segment ended without a newline: not possible when sealed)
+                carry = b""
+            if not carry:
+                carry_at = g
+            buf = carry + data if carry else data
+            start = 0
+            while True:
+                nl = buf.find(b"\n", start)
+                if nl < 0:
+                    break
+                yield carry_at + start, buf[start:nl + 1]
+                start = nl + 1
+            carry = buf[start:]
+            carry_at += start
+        if carry:
+            yield carry_at, carry
+
+    def read_line_at(self, position: int) -> bytes:
+        """The record line (with its newline) that starts at global ``position``.
+
+        Reads only the file (and, for a compressed segment, the one frame) that holds it. Raises ValueError
+        for a position that is not an integer >= 0, LogCorruptedError if no complete line starts there (the
+        log ends before its newline: it is shorter than whoever recorded the position believes). The caller
+        decodes and so verifies the line (``codec.decode``).
+        """
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        i = self.manifest.index_at(position)
+        if i >= 0:
+            seg = self.manifest.segments[i]
+            line = self.segment_file(i).line_at(position - seg.start)
+            if not line.endswith(b"\n"):
+                raise LogCorruptedError(str(self.directory / seg.file), 0, position - seg.start,
+                                        "no complete record starts at this byte")
+            return line
+        if position < self.base or self.active_fd < 0 or self._active_is_last:
+            raise self._past_end(position)
+        out = bytearray()
+        pos = position - self.base
+        while True:
+            data = os.pread(self.active_fd, 4096 if not out else 1 << 16, pos)
+            if not data:
+                break
+            nl = data.find(b"\n")
+            if nl >= 0:
+                out += data[:nl + 1]
+                break
+            out += data
+            pos += len(data)
+        if not out.endswith(b"\n"):
+            raise self._past_end(position)
+        return bytes(out)
+
+    def _past_end(self, position: int) -> LogCorruptedError:
+        return LogCorruptedError(str(self.directory / LOG_NAME), 0, position,
+                                 f"no complete record starts at global position {position}: the log ends at "
+                                 f"{self.end()}, before its newline")
+
+    def line_ending_at(self, position: int) -> bytes:
+        """The line that ends exactly at global ``position`` (b"" at 0)."""
+        if position <= 0:
+            return b""
+        i = self.manifest.index_at(position - 1)
+        if i >= 0:
+            seg = self.manifest.segments[i]
+            return self.segment_file(i).line_ending_at(position - seg.start)
+        back = 0
+        offset = position - self.base
+        while True:
+            back = min(offset, max(back * 16, 4096))
+            chunk = os.pread(self.active_fd, back, offset - back)
+            start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+            if start > 0 or back == offset:
+                return chunk[start:]
+
+
+def has_log(directory: Path) -> bool:
+    """Whether the session folder holds a log: ``events.jsonl`` or, segmented, a manifest (a roll killed
+    between its renames leaves no ``events.jsonl`` until the next writer opens the log)."""
+    return (directory / LOG_NAME).is_file() or (directory / MANIFEST_NAME).is_file()
+
+
+def read_line_at(log_dir: str | os.PathLike[str], position: int, session_id: str | None = None) -> bytes:
+    """The record line that starts at global byte ``position`` of the session log in folder ``log_dir`` (or
+    given by its ``events.jsonl``). Raises as :meth:`LogReader.read_line_at`.
+
+    For many reads keep a :class:`LogReader` open instead (this opens and closes one).
+    """
+    folder = Path(log_dir)
+    if folder.name == LOG_NAME and not folder.is_dir():
+        folder = folder.parent
+    with LogReader(folder, session_id) as reader:
+        return reader.read_line_at(position)
+
+
+__all__ = ["Compressed", "LogReader", "MANIFEST_NAME", "Manifest", "ManifestError", "Segment", "load_manifest",
+           "read_line_at", "segment_name"]
