@@ -264,6 +264,7 @@ class _Session:
         self.keep.mkdir(mode=0o700)
         self.log_path = self.session / self.data.log.name
         os.rename(self.data.log, self.log_path)
+        self._log_inode = self.log_path.stat().st_ino
         try:
             ctx.log(f"{_label(n)} messages: first open (replay) and close, writing the checkpoint")
             self.prepare = run_capped(PREPARE, [str(self.work / "ours")], cap_mb, prepare_timeout)
@@ -279,7 +280,16 @@ class _Session:
             raise
 
     def _reset(self) -> None:
-        """The working session as the first open left it; the cached files as the manifest says."""
+        """The working session as the first open left it; the cached files as the manifest says.
+
+        An append past ``segment_bytes`` seals the cached log (renamed to ``segment-NNNNNN.jsonl``, read-only)
+        and starts a new ``events.jsonl``: the sealed file is found by its inode and put back."""
+        sealed = next((e for e in os.scandir(self.session) if e.inode() == self._log_inode), None)
+        if sealed is None:
+            raise RuntimeError(f"the cached log lent to {self.session} is gone (rewritten?); delete {self.data.folder}")
+        if sealed.path != str(self.log_path):
+            os.chmod(sealed.path, 0o600)
+            os.replace(sealed.path, self.log_path)
         size = self.manifest["files"][self.data.log.name]["size"]
         if self.log_path.stat().st_size != size:
             os.truncate(self.log_path, size)
@@ -295,7 +305,11 @@ class _Session:
 
     def close(self) -> None:
         """Move the log back into the cache (cut back to its cached length) and remove the working folder."""
-        if self.log_path.exists():
+        for entry in os.scandir(self.session):
+            if entry.inode() == self._log_inode and entry.path != str(self.log_path):
+                os.chmod(entry.path, 0o600)
+                os.replace(entry.path, self.log_path)
+        if self.log_path.exists() and self.log_path.stat().st_ino == self._log_inode:
             size = self.manifest["files"][self.data.log.name]["size"]
             os.truncate(self.log_path, size)
             os.rename(self.log_path, self.data.log)
