@@ -208,15 +208,20 @@ def run_capped(code: str, args: list[str], cap_mb: int, timeout: float) -> dict[
     seen = 0
     stopped = False
     deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        rss = _rss_kb(proc.pid)
-        seen = max(seen, rss)
-        if rss > cap_kb or time.monotonic() > deadline:
+    try:
+        while proc.poll() is None:
+            rss = _rss_kb(proc.pid)
+            seen = max(seen, rss)
+            if rss > cap_kb or time.monotonic() > deadline:
+                proc.kill()
+                stopped = True
+                break
+            time.sleep(0.02)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # (interrupted: the child goes too)
             proc.kill()
-            stopped = True
-            break
-        time.sleep(0.02)
-    out, err = proc.communicate()
+            proc.wait()
     if stopped:
         return {"stopped": "memory" if seen > cap_kb else "time", "peak_kb": seen,
                 "seconds": time.monotonic() - started}
@@ -269,44 +274,72 @@ class _Session:
             ctx.log(f"{_label(n)} messages: first open (replay) and close, writing the checkpoint")
             self.prepare = run_capped(PREPARE, [str(self.work / "ours")], cap_mb, prepare_timeout)
             ctx.log(_said(self.prepare))
-            self._kept: dict[str, int] = {}
-            for entry in os.scandir(self.session):
-                if entry.name.startswith("checkpoint") and entry.is_file():
-                    os.link(entry.path, self.keep / entry.name)
-                    self._kept[entry.name] = entry.inode()
+            self._snapshot()
             self._reset()
         except BaseException:
             self.close()
             raise
 
-    def _reset(self) -> None:
-        """The working session as the first open left it; the cached files as the manifest says.
-
-        An append past ``segment_bytes`` seals the cached log (renamed to ``segment-NNNNNN.jsonl``, read-only)
-        and starts a new ``events.jsonl``: the sealed file is found by its inode and put back."""
-        sealed = next((e for e in os.scandir(self.session) if e.inode() == self._log_inode), None)
-        if sealed is None:
-            raise RuntimeError(f"the cached log lent to {self.session} is gone (rewritten?); delete {self.data.folder}")
-        if sealed.path != str(self.log_path):
-            os.chmod(sealed.path, 0o600)
-            os.replace(sealed.path, self.log_path)
-        size = self.manifest["files"][self.data.log.name]["size"]
-        if self.log_path.stat().st_size != size:
-            os.truncate(self.log_path, size)
+    def _snapshot(self) -> None:
+        """Record the session folder as the first open left it (it may have sealed the cached log into a
+        segment): the lent log's name, mode and size; a copy of every other small file; a hard link to every
+        other large one (sealed segments and checkpoints, which the store never changes in place)."""
+        self._lent: tuple[str, int, int] | None = None
+        self._kept: dict[str, tuple[int, str]] = {}  # name -> (inode, "copy" | "link")
         for entry in os.scandir(self.session):
-            if entry.path == str(self.log_path) or entry.name == "lock":
+            if entry.name == "lock" or not entry.is_file():
                 continue
-            if self._kept.get(entry.name) != entry.inode():
+            st = entry.stat()
+            if st.st_ino == self._log_inode:
+                self._lent = (entry.name, st.st_mode & 0o777, st.st_size)
+            elif st.st_size < (8 << 20) and not entry.name.startswith("checkpoint"):
+                shutil.copy2(entry.path, self.keep / entry.name)
+                self._kept[entry.name] = (st.st_ino, "copy")
+            else:
+                os.link(entry.path, self.keep / entry.name)
+                self._kept[entry.name] = (st.st_ino, "link")
+        if self._lent is None:
+            raise RuntimeError(f"the first open replaced the cached log in {self.session}; delete {self.data.folder}")
+
+    def _find_lent(self) -> os.DirEntry[str] | None:
+        return next((e for e in os.scandir(self.session) if e.inode() == self._log_inode), None)
+
+    def _reset(self) -> None:
+        """The working session as the first open left it (see ``_snapshot``); the cached peers' files as the
+        manifest says."""
+        assert self._lent is not None
+        name, mode, size = self._lent
+        lent = self._find_lent()
+        if lent is None:
+            raise RuntimeError(f"the cached log lent to {self.session} is gone (rewritten?); delete {self.data.folder}")
+        target = self.session / name
+        if lent.path != str(target):
+            os.replace(lent.path, target)
+        os.chmod(target, 0o600)
+        if target.stat().st_size != size:
+            os.truncate(target, size)
+        os.chmod(target, mode)
+        for entry in os.scandir(self.session):
+            if entry.name in (name, "lock"):
+                continue
+            kept = self._kept.get(entry.name)
+            if kept is None or kept[0] != entry.inode() or kept[1] == "copy":
+                os.chmod(entry.path, 0o600)
                 os.unlink(entry.path)
-        for name in self._kept:
-            if not (self.session / name).exists():
-                os.link(self.keep / name, self.session / name)
+        for kept_name, (_, how) in self._kept.items():
+            path = self.session / kept_name
+            if path.exists():
+                continue
+            if how == "link":
+                os.link(self.keep / kept_name, path)
+            else:
+                shutil.copy2(self.keep / kept_name, path)
         self.data.restore(skip=(self.data.log,))
 
     def close(self) -> None:
         """Move the log back into the cache (cut back to its cached length) and remove the working folder."""
         for entry in os.scandir(self.session):
-            if entry.inode() == self._log_inode and entry.path != str(self.log_path):
+            if entry.inode() == self._log_inode:
                 os.chmod(entry.path, 0o600)
                 os.replace(entry.path, self.log_path)
         if self.log_path.exists() and self.log_path.stat().st_ino == self._log_inode:
