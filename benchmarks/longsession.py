@@ -100,6 +100,15 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
         os.fsync(f.fileno())
     size = (folder / LOG_NAME).stat().st_size
     facts: dict[str, Any] = {"messages": messages, "bytes": size, "write_s": time.perf_counter() - started}
+    try:  # a log that grew under a store rolls into sealed segments as it goes: cut this one the same way
+        from context_persistent.log import SEGMENT_BYTES
+        from context_persistent.segment_store import migrate
+    except ImportError:  # (a version without segments: one file)
+        pass
+    else:
+        started = time.perf_counter()
+        migrate(folder, session_id, SEGMENT_BYTES)
+        facts["segments_s"] = time.perf_counter() - started
     if checkpoint:
         started = time.perf_counter()
         asyncio.run(_checkpoint(root, session_id, counts))
@@ -189,6 +198,7 @@ def steps(directory: str | os.PathLike[str], *, appends: int = 1000, session_id:
         root = Path(tmp) if copy else src
         if copy:
             shutil.copytree(src / session_id, root / session_id)
+            os.sync()  # (else the first durable append flushes the whole copy: gigabytes at 1M messages)
         cmd = [sys.executable, "-m", "benchmarks.longsession", "_child", str(root), session_id, str(appends)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

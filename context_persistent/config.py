@@ -1,4 +1,4 @@
-"""The store's configuration: every key with its default, and the check that fills and validates it (pure)."""
+"""The store's configuration: every key with its default, and the check that fills and validates it."""
 
 from __future__ import annotations
 

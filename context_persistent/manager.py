@@ -9,15 +9,15 @@ stays cheap.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import events as ev
+from .budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
 from .eventlog import EventLog
-from . import events as ev
 from .events import copy_json
 
 if TYPE_CHECKING:
@@ -375,22 +375,8 @@ class PersistentContextManager:
         changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
         iterating).
         """
-        from .projection import PagedList, _resolve, raw_items
-
-        s = self._s
-        s.check_open()
-        messages: Any = s.full().messages  # (a lazy history loads its refs, never its messages)
-        items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
-        pager = messages.pager if type(messages) is PagedList else None
-        for start in range(0, len(items), chunk):
-            if start:
-                await asyncio.sleep(0)
-                s.check_open()
-            part = items[start:start + chunk]
-            if pager is not None:
-                part = _resolve(part, pager)
-            for v in part:
-                yield copy_json(v)
+        async for message in self._s.iter_messages(chunk):
+            yield message
 
     async def get_conversation_view(self) -> list[dict[str, Any]]:
         """Returns the thread a person reads: user messages and assistant text only (views.py), as a copy.
@@ -423,8 +409,6 @@ class PersistentContextManager:
         Returns ``(budget, source)``, the source being ``explicit``, ``provider`` or ``config``. Raises
         ValueError if ``token_budget`` is not a positive int or None.
         """
-        from .budget import resolve_budget
-
         config = self._s.config
         return resolve_budget(token_budget, provider, max_tokens=config["max_tokens"],
                               safety_margin=config["safety_margin"])

@@ -98,8 +98,6 @@ class RequestViews:
     def _cached(self, budget: int) -> RequestView | None:
         """The cached view when the history did not change, or the cached view extended by the messages
         appended since (None: rebuild)."""
-        from .compaction.incremental import extend
-
         s = self._s
         state = s.state
         cached = self.cache
@@ -110,6 +108,8 @@ class RequestViews:
         if cached[2] == s.epoch and cached[3] is not None:
             # Only messages were appended since: extend the view unless it now needs compacting.
             # Only the tail (from the anchor's user turn) is read: count just that, not the history.
+            from .compaction.incremental import extend
+
             tokens_now = self._ledger.count_indices(range(cached[3].h, len(state.messages)))
             grown = extend(cached[3], state.messages, tokens_now, budget,  # type: ignore[arg-type]
                            s.compaction, s.counter.count_message, ev.copy_json)

@@ -388,6 +388,10 @@ class SegmentFile:
                 return chunk[start:]
 
 
+#: How many times a reader looks again when a roll replaced a file between two of its looks.
+_ATTEMPTS = 20
+
+
 def _open_ro(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
 
@@ -405,13 +409,13 @@ class LogReader:
         self.session_id = session_id if session_id is not None else self.directory.name
         self._files: dict[int, SegmentFile] = {}
         self.active_fd = -1
-        for attempt in range(5):
+        for attempt in range(_ATTEMPTS):
             try:
                 self._resolve()
                 return
             except FileNotFoundError:  # a roll or compression replaced a file between two looks: look again
                 self.close()
-                if attempt == 4:
+                if attempt == _ATTEMPTS - 1:
                     raise
 
     def _resolve(self) -> None:
@@ -423,20 +427,27 @@ class LogReader:
         self.manifest = manifest if manifest is not None else Manifest(self.session_id)
         #: Set when the active file is in fact the last sealed segment (a roll between its two renames).
         self._active_is_last = False
-        if self.manifest.segments:
-            last = self.manifest.segments[-1]
+        last = self.manifest.segments[-1] if self.manifest.segments else None
+        if self.active_fd >= 0:
+            ours = os.fstat(self.active_fd).st_ino
             try:
-                try:
-                    st = os.stat(self.directory / last.file)
-                except FileNotFoundError:
-                    st = os.stat(self.directory / (last.name if last.compressed else last.name + ZST))
-                if self.active_fd >= 0 and os.fstat(self.active_fd).st_ino == st.st_ino:
-                    os.close(self.active_fd)  # renamed after we opened it: what we hold is that segment
-                    self.active_fd = -1
+                now: int | None = os.stat(self.directory / LOG_NAME).st_ino
             except FileNotFoundError:
-                if self.active_fd < 0:
-                    raise
-                self._active_is_last = True  # the manifest lists it, the rename has not happened yet
+                now = None
+            if now != ours:  # events.jsonl changed since we opened it: a roll (or a rewrite) meanwhile
+                try:
+                    sealed_as = os.stat(self.directory / last.name).st_ino if last is not None else None
+                except FileNotFoundError:
+                    sealed_as = None
+                if sealed_as != ours:
+                    raise FileNotFoundError("the active segment changed while it was opened")  # (look again)
+                os.close(self.active_fd)  # the manifest lists what we hold as its last segment
+                self.active_fd = -1
+                return
+        if last is not None and not any(os.path.exists(self.directory / n) for n in (last.name, last.name + ZST)):
+            if self.active_fd < 0:
+                raise FileNotFoundError(f"{self.directory / last.file} is missing")
+            self._active_is_last = True  # the manifest lists it, the rename has not happened yet
         if self.active_fd < 0 and not self.manifest.segments:
             raise FileNotFoundError(f"no {LOG_NAME} in {self.directory}")
 
@@ -478,12 +489,24 @@ class LogReader:
                 try:
                     fd = _open_ro(self.directory / seg.file)
                 except FileNotFoundError:
-                    if seg.compressed is None:
-                        raise
-                    fd = _open_ro(self.directory / seg.name)  # compressed, the plain copy not yet removed
-                    seg = replace(seg, compressed=None)
+                    if seg.compressed is None:  # compressed since the manifest was read: the same bytes
+                        seg = self._compressed_now(seg)
+                        fd = _open_ro(self.directory / seg.file)
+                    else:
+                        fd = _open_ro(self.directory / seg.name)  # compressed, the plain copy not yet removed
+                        seg = replace(seg, compressed=None)
             f = self._files[i] = SegmentFile(self.directory, seg, fd)
         return f
+
+    def _compressed_now(self, seg: Segment) -> Segment:
+        """The entry of ``seg`` in the manifest as it is now, if the writer compressed it meanwhile (same name,
+        range and contents); FileNotFoundError if not."""
+        now = load_manifest(self.directory, self.session_id)
+        for other in now.segments if now is not None else ():
+            if (other.name, other.start, other.end, other.sha256) == (seg.name, seg.start, seg.end, seg.sha256) \
+                    and other.compressed is not None:
+                return other
+        raise FileNotFoundError(f"{self.directory / seg.file} is gone and the manifest lists no compressed copy")
 
     def active_size(self) -> int:
         """The active segment's data size now (its reserved tail excluded)."""

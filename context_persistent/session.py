@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from . import codec
@@ -94,6 +95,24 @@ class Session:
         """The state with the whole history in memory (loads the rest of a lazily opened checkpoint)."""
         return self.state.materialise()
 
+    async def iter_messages(self, chunk: int) -> AsyncIterator[dict[str, Any]]:
+        """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
+        ``chunk`` (``PersistentContextManager.iter_messages``)."""
+        from .events import copy_json
+        from .projection import PagedList, _resolve, raw_items
+
+        self.check_open()
+        messages: Any = self.full().messages  # (a lazy history loads its refs, never its messages)
+        items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
+        pager = messages.pager if type(messages) is PagedList else None
+        for start in range(0, len(items), chunk):
+            if start:
+                await asyncio.sleep(0)
+                self.check_open()
+            part = items[start:start + chunk]
+            for v in (_resolve(part, pager) if pager is not None else part):
+                yield copy_json(v)
+
     def tokenizer_name(self) -> str:
         return self.counter.name
 
@@ -127,7 +146,8 @@ class Session:
             "path": str(self.log.path),
             "head_seq": st.head_seq,
             "events": dict(st.counts),
-            "bytes": getattr(self.log, "size", None),
+            "bytes": None if getattr(self.log, "size", None) is None  # (a file log: every segment, uncompressed)
+            else self.log.size + getattr(self.log, "base", 0),  # type: ignore[attr-defined]
             "messages": len(st.messages),
             "pinned": len(st.pinned),
             "tokens": tokens,

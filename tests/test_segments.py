@@ -490,6 +490,8 @@ async def test_the_command_line_reads_segmented_logs(storage: Path, tmp_path: Pa
     assert ls.returncode == 0 and SID in ls.stdout
     row = orjson.loads(ls.stdout)["sessions"][0]
     assert row["last_activity"] is not None and row["bytes"] > 10000
+    stats = _cli("stats", SID, "--json", storage=storage)
+    assert stats.returncode == 0 and orjson.loads(stats.stdout)["bytes"] == row["bytes"]
     fork = _cli("fork", SID, "child", "--at", "21", storage=storage)
     assert fork.returncode == 0, fork.stderr
     child = await PersistentContextManager.open(storage_path=storage, session_id="child", readonly=True)
