@@ -28,7 +28,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from .paths import (DIR_MODE, FILE_MODE, LOG_NAME, NOFOLLOW, check_storage_root,
 from .backends import open_log
 from .projection import Projection, make_key
 from .tokens import DEFAULT_ENCODING
+from .views import REASONING_ROLES, text_only
 
 logger = logging.getLogger("context_persistent.snapshot")
 
@@ -218,7 +220,16 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
         finally:
             await past.close()
     state = store._full()
-    messages = await view_messages(store, view, token_budget)
+    source: Any
+    if view != "request":  # a view of the whole history, streamed: never held in memory twice
+        if token_budget is not None:
+            raise ValueError("token_budget applies only to view='request'")
+        count = len(state.messages) if view == "full" else 0  # (the first pass counts)
+        source = functools.partial(view_stream, store, view)
+    else:
+        listed = await view_messages(store, view, token_budget)
+        count = len(listed)
+        source = functools.partial(_listed, listed)
     pinned = ([i for i, k in enumerate(state.keys) if k in state.pinned] if view == "full" else [])
     header: dict[str, Any] = {
         sc.MARKER: sc.SNAPSHOT_VERSION,
@@ -227,7 +238,7 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
         "session_id": store.session_id,
         "seq_range": [1 if state.head_seq else 0, state.head_seq],
         "created_at": codec.now_iso(),
-        "messages": len(messages),
+        "messages": count,
         "pinned": pinned,
         "tokenizer": state.session.get("tokenizer") or store.config.get("tokenizer"),
         "program": PROGRAM,
@@ -237,21 +248,108 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
     if token_budget is not None:
         header["token_budget"] = token_budget
     if view == "request":  # the notes put in place of left-out messages: not messages of the session
-        header["notes"] = sc.note_indices(messages, state.messages)
+        header["notes"] = sc.note_indices(listed, state.messages)
     try:
-        chunks = list(sc.encode_snapshot(header, messages, format))
+        if format == "markdown":  # (for people: rendered whole)
+            messages = [m async for m in source()]
+            await write_atomic(Path(path), list(sc.encode_snapshot(header, messages, format)), progress)
+        else:
+            await _write_streamed(Path(path), header, format, source, progress)
     except orjson.JSONEncodeError as e:  # (only a message stored before the depth limit existed gets here)
         raise ValueError(f"cannot export session {store.session_id!r} as {format}: {e}: a message is nested "
                          f"deeper than the store accepts today ({codec.MAX_DEPTH} levels, docs/format.md); "
                          "format 'jsonl' writes each message on its own and can carry it") from None
-    await write_atomic(Path(path), chunks, progress)
     return header
 
 
-async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress | None = None) -> int:
-    """Write ``chunks`` to ``path`` via a 0600 temp file beside it: write, fsync, rename, fsync the folder."""
-    parts = list(chunks)
-    total = sum(len(c) for c in parts)
+async def history_messages(store: PersistentContextManager) -> AsyncIterator[dict[str, Any]]:
+    """The full history, a message at a time, oldest first: ``iter_messages()`` where the store has it, else
+    the messages it holds (for reading only: they are not copies)."""
+    iterate = getattr(store, "iter_messages", None)
+    if iterate is not None:
+        async for m in iterate():
+            yield m
+        return
+    for i, m in enumerate(list(store._full().messages)):
+        if i and i % 1024 == 0:
+            await asyncio.sleep(0)
+        yield m
+
+
+async def view_stream(store: PersistentContextManager, view: str) -> AsyncIterator[dict[str, Any]]:
+    """The messages of ``view`` (``full``, ``conversation`` or ``reasoning``; views.py) one at a time, from
+    :func:`history_messages`: the same messages as the store's ``get_*`` methods return, never held together."""
+    sc.check_choice("view", view, ("full", "conversation", "reasoning"))
+    async for m in history_messages(store):
+        if view == "full":
+            yield m
+        elif view == "reasoning":
+            if m.get("role") in REASONING_ROLES:
+                yield m
+        elif m.get("role") in ("user", "assistant"):
+            kept = text_only(m)
+            if kept is not None:
+                yield kept
+
+
+async def _listed(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
+class _Changed(Exception):
+    """The history changed between the two passes of a streamed export (a writer replaced it)."""
+
+
+async def _write_streamed(path: Path, header: dict[str, Any], fmt: str,
+                          source: Callable[[], AsyncIterator[dict[str, Any]]], progress: Progress | None) -> None:
+    """A JSONL or JSON snapshot written as it goes, in two passes over ``source``: the first computes the body's
+    checksum and message count (the header, which comes first, holds them), the second writes the file and
+    checks it wrote the same body (else, the history changed meanwhile: it starts again, at most 3 times).
+    Memory holds a message and a 1 MiB buffer, whatever the view's length."""
+    for _attempt in range(3):
+        h = hashlib.sha256()
+        body = count = 0
+        async for m in source():
+            line = orjson.dumps(m) + b"\n"
+            h.update(line)
+            body += len(line)
+            count += 1
+        digest = "sha256:" + h.hexdigest()
+        header.update(messages=count, body_sha256=digest)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            again = hashlib.sha256()
+            writer = sc.JsonWriter({"header": header}, "messages") if fmt == "json" else None
+            if writer is None:
+                yield orjson.dumps(header) + b"\n"
+            async for m in source():
+                line = orjson.dumps(m) + b"\n"
+                again.update(line)
+                yield line if writer is None else writer.item(m)
+            if "sha256:" + again.hexdigest() != digest:
+                raise _Changed
+            if writer is not None:
+                yield writer.end()
+
+        try:
+            await write_atomic(path, chunks(), progress, total=len(orjson.dumps(header)) + 1 + body)
+            return
+        except _Changed:
+            continue
+    raise RuntimeError(f"the history changed during each of 3 attempts to export it to {path}; export again")
+
+
+async def write_atomic(path: Path, chunks: Iterable[bytes] | AsyncIterator[bytes], progress: Progress | None = None,
+                       total: int | None = None) -> int:
+    """Write ``chunks`` to ``path`` via a 0600 temp file beside it: write, fsync, rename, fsync the folder.
+
+    ``chunks`` is a list, or an async iterator written as it yields (then ``total``, the expected size, is what
+    ``progress`` is told until the end). Returns the bytes written."""
+    if not isinstance(chunks, AsyncIterator):
+        parts = list(chunks)
+        total = sum(len(c) for c in parts)
+        chunks = _listed(parts)
     parent = path.parent
     if not parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, f"folder {parent} does not exist (create it first)", str(parent))
@@ -261,13 +359,27 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
     done = 0
     try:
         async with aiofiles.open(tmp, "xb", opener=_private_opener) as f:
-            for chunk in parts:
-                for i in range(0, len(chunk), CHUNK):
-                    piece = chunk[i:i + CHUNK]
+            buf: list[bytes] = []
+            held = 0
+            async for chunk in chunks:
+                buf.append(chunk)
+                held += len(chunk)
+                if held < CHUNK:
+                    continue
+                data = b"".join(buf)
+                buf, held = [], 0
+                for i in range(0, len(data), CHUNK):
+                    piece = data[i:i + CHUNK]
                     await f.write(piece)
                     done += len(piece)
                     if progress:
-                        progress(done, total)
+                        progress(done, max(done, total or 0))
+            if buf:
+                data = b"".join(buf)
+                await f.write(data)
+                done += len(data)
+                if progress:
+                    progress(done, done)
             await f.flush()
             await asyncio.to_thread(os.fsync, f.fileno())
         os.replace(tmp, path)
@@ -275,7 +387,7 @@ async def write_atomic(path: Path, chunks: Iterable[bytes], progress: Progress |
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(parent)
-    return total
+    return done
 
 
 _TMP_FILE_RE = re.compile(r"\..+\.tmp-([0-9]+)-[0-9a-f]{8}")

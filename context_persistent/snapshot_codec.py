@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -72,7 +72,7 @@ def note_indices(messages: Sequence[dict[str, Any]], history: Sequence[dict[str,
 
 
 # -- writing ----------------------------------------------------------------------------------------
-def message_lines(messages: Sequence[dict[str, Any]]) -> Iterator[bytes]:
+def message_lines(messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
     """The canonical body, one line per message (the unit the checksum covers)."""
     dumps = orjson.dumps
     for m in messages:
@@ -101,7 +101,47 @@ def encode_snapshot(header: dict[str, Any], messages: Sequence[dict[str, Any]], 
     yield orjson.dumps({"header": header, "messages": list(messages)}, option=orjson.OPT_INDENT_2) + b"\n"
 
 
-def _chunks(lines: list[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+def json_document(header: dict[str, Any], messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
+    """The JSON form, a message at a time: the same bytes as ``orjson.dumps({"header": header, "messages":
+    [...]}, option=OPT_INDENT_2) + b"\\n"``, with the brackets, commas and indentation written here (by
+    :class:`JsonWriter`) so the messages are never held together."""
+    w = JsonWriter({"header": header}, "messages")
+    for m in messages:
+        yield w.item(m)
+    yield w.end()
+
+
+class JsonWriter:
+    """An indented JSON object written in pieces: the keys of ``fixed``, then ``key`` holding a list whose
+    items are given one at a time (``item``), then ``end(after)`` with the keys of ``after``. The bytes equal
+    ``orjson.dumps({**fixed, key: items, **after}, option=OPT_INDENT_2 | OPT_NON_STR_KEYS) + b"\\n"``."""
+
+    OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+
+    def __init__(self, fixed: dict[str, Any], key: str) -> None:
+        start = orjson.dumps(fixed, option=self.OPTIONS)[:-2] + b",\n  " if fixed else b"{\n  "
+        self.head = start + orjson.dumps(key) + b": ["
+        self.first = True
+
+    def item(self, value: Any) -> bytes:
+        # Encoded two levels down, as inside the document: indented alike, and refused by orjson if the
+        # document would be nested deeper than JSON readers accept (as encoding the whole document would).
+        body = orjson.dumps([[value]], option=self.OPTIONS)[10:-6]
+        if self.first:
+            self.first = False
+            return self.head + b"\n    " + body
+        return b",\n    " + body
+
+    def end(self, after: dict[str, Any] | None = None) -> bytes:
+        close = b"]" if self.first else b"\n  ]"
+        if self.first:
+            self.first = False
+            close = self.head + close
+        rest = b",\n" + orjson.dumps(after, option=self.OPTIONS)[2:] if after else b"\n}"
+        return close + rest + b"\n"
+
+
+def _chunks(lines: Iterable[bytes], size: int = 1 << 20) -> Iterator[bytes]:
     buf: list[bytes] = []
     n = 0
     for line in lines:

@@ -15,10 +15,10 @@ from typing import Any
 
 _TOOL_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use",
                           "web_search_tool_result"})
-_REASONING_ROLES = frozenset({"user", "assistant", "tool", "function"})
+REASONING_ROLES = frozenset({"user", "assistant", "tool", "function"})
 
 
-def _text_only(message: dict[str, Any]) -> dict[str, Any] | None:
+def text_only(message: dict[str, Any]) -> dict[str, Any] | None:
     content = message.get("content")
     out = {k: v for k, v in message.items() if k not in ("tool_calls", "function_call")}
     if isinstance(content, list):
@@ -35,11 +35,11 @@ def conversation_view(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]
     result = []
     for m in messages:
         if m.get("role") in ("user", "assistant"):
-            kept = _text_only(m)
+            kept = text_only(m)
             if kept is not None:
                 result.append(kept)
     return result
 
 
 def reasoning_view(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [m for m in messages if m.get("role") in _REASONING_ROLES]
+    return [m for m in messages if m.get("role") in REASONING_ROLES]

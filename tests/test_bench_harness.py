@@ -22,7 +22,7 @@ from benchmarks.workloads import agent_mix, sized_message, write_reference  # no
 TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
         "replay_4k=10", "replay_rounds=1", "replay_large_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
         "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
-        "retention_sessions=6"]
+        "retention_sessions=6", "long_small=40", "long_medium=90", "long_large=0", "long_appends=20"]
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
 EXPECTED = {
@@ -44,6 +44,14 @@ EXPECTED = {
     "loop": ["longest loop stall while counting one 1 MB message", "time to count it"],
     "retention": ["open + close with apply_on_open, 6 sessions", "apply_on_open overhead per session",
                   "retention apply: per session moved to the trash"],
+    "long_session": ["40: first open, replaying the whole log", "40: peak RSS, open (fresh interpreter)", "40: open",
+                     "40: first request", "40: 20 appends", "40: periodic checkpoint", "40: stats()",
+                     "90: peak RSS, stats() (fresh interpreter)", "90: open, / its 40 cost",
+                     "90: first request, / its 40 cost", "90: 20 appends, / its 40 cost",
+                     "90: periodic checkpoint, / its 40 cost", "90: stats(), / its 40 cost",
+                     "90: first request: reference module / ours", "90: peak RSS, first request: ours vs SQLiteSession",
+                     "90: 20 appends: SQLiteSession / ours", "90: peak RSS, context-persistent verify",
+                     "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
     "segments": ["roll (seal) of a 1 MiB active segment", "roll and compress a 1 MiB segment",
                  "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment"],
 }
@@ -53,7 +61,7 @@ EXPECTED = {
 def test_tiny_run_produces_every_row_and_the_json(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """A tiny full run exits 0, prints the table, and writes a JSON file holding every expected row."""
     out = tmp_path / "bench.json"
-    subprocess_env = {**subprocess_env, "CP_BENCH_SCRATCH": str(tmp_path)}
+    subprocess_env = {**subprocess_env, "CP_BENCH_SCRATCH": str(tmp_path), "CP_BENCH_CACHE": str(tmp_path / "cache")}
     args = [sys.executable, "-m", "benchmarks.run", "--quiet", "--rounds", "2", "--json", str(out),
             "--only", ",".join(EXPECTED)]
     args += [a for size in TINY for a in ("--size", size)]
@@ -109,3 +117,37 @@ def test_workloads_have_the_stated_shape(tmp_path: Path) -> None:
     assert all(m["tool_call_id"] in calls for m in msgs if m["role"] == "tool")
     ref = ReferenceReRead(write_reference(tmp_path / "ref.jsonl", msgs[:5]))
     assert [{k: v for k, v in m.items() if k != "timestamp"} for m in ref.get_messages_for_request()] == msgs[:5]
+
+
+def test_long_session_cache_is_reused_and_cut_back(tmp_path: Path) -> None:
+    """The long-session data is generated once, found again by the next run, and a log a killed run left
+    longer is cut back to its cached length; a change inside the cached bytes makes it rebuild."""
+    from benchmarks.long_data import Dataset, messages
+
+    data = Dataset(30, root=tmp_path)
+    manifest, built = data.ensure()
+    assert built and manifest["n"] == 30 and manifest["average_message_bytes"] > 0
+    assert len(data.log.read_bytes().splitlines()) == 31  # session_started + 30 messages
+    assert len(data.reference.read_text().splitlines()) == 30
+    assert data.ensure() == (manifest, False)
+    size = data.log.stat().st_size
+    with open(data.log, "ab") as f:
+        f.write(b"appended by a step\n")
+    assert data.ensure() == (manifest, False) and data.log.stat().st_size == size
+    raw = bytearray(data.log.read_bytes())
+    raw[-5] ^= 1
+    data.log.write_bytes(bytes(raw))
+    assert data.ensure()[1] is True  # rebuilt
+    assert list(messages(30)) == list(messages(30))  # the same data for the same size
+
+
+def test_long_session_child_is_stopped_at_its_memory_cap() -> None:
+    """A step that grows past the cap is stopped and reported as such, not left to exhaust the machine."""
+    from benchmarks.bench_long_session import run_capped
+
+    got = run_capped("x = bytearray(400 << 20)\nx[::4096] = b'1' * len(x[::4096])\nimport time; time.sleep(5)\n"
+                     "print('{}')", [], cap_mb=150, timeout=60)
+    assert got["stopped"] == "memory" and got["peak_kb"] > 150 * 1024
+    got = run_capped("import json; print(json.dumps({'seconds': 0.5, 'peak_kb': peak_rss_kb()}))", [], cap_mb=150,
+                     timeout=60)
+    assert "stopped" not in got and 0 < got["peak_kb"] < 150 * 1024

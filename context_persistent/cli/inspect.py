@@ -239,39 +239,64 @@ async def _where_cmd(args: argparse.Namespace) -> int:
 
 
 # -- show -------------------------------------------------------------------------------------------
-def _message_seqs(store: Any, view: str, messages: Sequence[dict[str, Any]] = ()) -> list[int | None]:
-    """The seq of the event that added each message of ``view`` (what ``--at``, ``fork --at`` and
-    ``pin(seq=...)`` take); None where a message is not one of the history's (the request view's notes
-    and rewritten messages). A ``set_messages`` replacement adds several messages with one seq."""
+def _request_seqs(keys: Sequence[int], history: Sequence[bytes], messages: Sequence[dict[str, Any]]
+                  ) -> list[int | None]:
+    """The seq of each request-view message that is one of the history's, unchanged, in order (``history``:
+    the positions' canonical encodings, only of messages equal to one of ``messages``, else b""); None for
+    notes, masked and truncated messages."""
     from ..projection import split_key
-    from ..views import _REASONING_ROLES, _text_only
 
-    state = store._full()
-    pairs = list(zip(state.messages, (split_key(k)[0] for k in state.keys)))
-    if view == "full":
-        return [seq for _, seq in pairs]
-    if view == "reasoning":
-        return [seq for m, seq in pairs if m.get("role") in _REASONING_ROLES]
-    if view == "conversation":
-        return [seq for m, seq in pairs if m.get("role") in ("user", "assistant") and _text_only(m) is not None]
-    # The request view: its messages that are the history's, unchanged, in order (notes, masked and
-    # truncated messages have none).
     where: dict[bytes, list[int]] = {}
-    for i, (m, _) in enumerate(pairs):
-        where.setdefault(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), []).append(i)
+    for i, enc in enumerate(history):
+        if enc:
+            where.setdefault(enc, []).append(i)
     out: list[int | None] = []
     last = -1
     for m in messages:
         found = next((i for i in where.get(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), ()) if i > last), None)
         if found is not None:
             last = found
-        out.append(None if found is None else pairs[found][1])
+        out.append(None if found is None else split_key(keys[found])[0])
     return out
 
 
-async def _show(args: argparse.Namespace) -> int:
-    from ..snapshot import view_messages
+async def _request_view(store: Any, budget: int | None) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """The request view and its messages' seqs, from one pass over the history that keeps only the encodings
+    of messages equal to one of the view's (the view is bounded by its budget; the history is not held)."""
+    from ..snapshot import history_messages
 
+    messages = await store.get_messages_for_request(token_budget=budget)
+    wanted = {orjson.dumps(m, option=orjson.OPT_SORT_KEYS) for m in messages}
+    matches: list[bytes] = []
+    async for m in history_messages(store):
+        enc = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+        matches.append(enc if enc in wanted else b"")
+    return messages, _request_seqs(store._full().keys, matches, messages)
+
+
+async def _streamed(store: Any, view: str) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
+    """(message, seq) for each message of ``view`` (full, conversation or reasoning), one at a time."""
+    from ..projection import split_key
+    from ..snapshot import history_messages
+    from ..views import REASONING_ROLES, text_only
+
+    keys = store._full().keys
+    i = -1
+    async for m in history_messages(store):
+        i += 1
+        if view == "reasoning" and m.get("role") not in REASONING_ROLES:
+            continue
+        if view == "conversation":
+            if m.get("role") not in ("user", "assistant"):
+                continue
+            kept = text_only(m)
+            if kept is None:
+                continue
+            m = kept
+        yield m, split_key(keys[i])[0]
+
+
+async def _show(args: argparse.Namespace) -> int:
     view = args.view or ("request" if args.budget is not None else "full")
     if args.budget is not None and view != "request":
         raise UsageError("--budget applies to --view request only")
@@ -281,35 +306,91 @@ async def _show(args: argparse.Namespace) -> int:
         head = store.head_seq
         target = await store.at(args.at) if args.at is not None else store
         try:
-            messages = await view_messages(target, view, args.budget)
-            seq = target.head_seq
-            seqs = _message_seqs(target, view, messages)
+            await _show_view(args, target, view, head)
         finally:
             if target is not store:
                 await target.close()
-    if len(seqs) != len(messages):
-        seqs = [None] * len(messages)
-    total = len(messages)
-    first = max(0, total - args.last) if args.last is not None else 0
-    messages, seqs = messages[first:], seqs[first:]
+    return 0
+
+
+async def _show_view(args: argparse.Namespace, store: Any, view: str, head: int) -> None:
+    """Print ``view`` of ``store``: the request view (bounded by its budget) as a list; the others streamed
+    from the history (a first pass counts a filtered view; ``-n`` keeps only the last N)."""
+    seq = store.head_seq
+    pairs: Any
+    if view == "request":
+        messages, seqs = await _request_view(store, args.budget)
+        total = len(messages)
+        first = max(0, total - args.last) if args.last is not None else 0
+        pairs = _listed(list(zip(messages, seqs))[first:])
+    else:
+        if view == "full":
+            total = len(store._state.messages)  # (known without loading a lazily opened history)
+        else:
+            total = 0
+            async for _ in _streamed(store, view):
+                total += 1
+        first = max(0, total - args.last) if args.last is not None else 0
+        pairs = _skip(_streamed(store, view), first) if view != "full" or first == 0 else _last(store, total, first)
+    fixed = {"session_id": args.session, "view": view, "at_seq": args.at, "seq": seq, "head_seq": head,
+             "token_budget": args.budget, "total_messages": total, "first_index": first}
     if args.json:
-        print_json({"session_id": args.session, "view": view, "at_seq": args.at, "seq": seq, "head_seq": head,
-                    "token_budget": args.budget, "total_messages": total, "first_index": first,
-                    "message_seqs": seqs, "messages": messages})
-        return 0
+        await _show_json(fixed, pairs)
+        return
     on = use_colour(sys.stdout)
     at = f" as of seq {seq}" if args.at is not None else ""
-    shown = f" (the last {len(messages)})" if first else ""
+    shown = f" (the last {total - first})" if first else ""
     print(paint(f"session {args.session} · view {view} · {total} messages{shown}{at} (log head seq {head})",
                 "1", on))
     limit = None if args.full else 300
-    width = max([len(str(x)) for x in seqs if x is not None] + [3])
+    width = max(3, len(str(seq)))
     print(paint(f"{'#':>5}  {'SEQ':>{width}}  {'ROLE':<9}  MESSAGE", "2", on))
     indent = " " * (5 + 2 + width + 2 + 9 + 2)
-    for i, (m, mseq) in enumerate(zip(messages, seqs), first):
+    i = first
+    async for m, mseq in pairs:
         text = message_text(m, limit, "; --full shows all").rstrip().replace("\n", "\n" + indent)
-        print(f"{i:>5}  {'-' if mseq is None else mseq:>{width}}  {role_label(str(m.get('role')), on)}  {text}")
-    return 0
+        sys.stdout.write(f"{i:>5}  {'-' if mseq is None else mseq:>{width}}  {role_label(str(m.get('role')), on)}"
+                         f"  {text}\n")
+        i += 1
+    sys.stdout.flush()
+
+
+async def _show_json(fixed: dict[str, Any], pairs: Any) -> None:
+    """The JSON of ``show``, written as it goes: the messages, then their seqs (kept as 8-byte integers)."""
+    from array import array
+
+    from ..snapshot_codec import JsonWriter
+
+    writer = JsonWriter(fixed, "messages")
+    seqs = array("q")
+    out = sys.stdout.buffer
+    async for m, mseq in pairs:
+        out.write(writer.item(m))
+        seqs.append(-1 if mseq is None else mseq)
+    out.write(writer.end({"message_seqs": [None if x < 0 else x for x in seqs]}))
+    out.flush()
+
+
+async def _listed(items: list[Any]) -> AsyncGenerator[Any, None]:
+    for item in items:
+        yield item
+
+
+async def _skip(items: AsyncGenerator[Any, None], n: int) -> AsyncGenerator[Any, None]:
+    async for item in items:
+        if n:
+            n -= 1
+            continue
+        yield item
+
+
+async def _last(store: Any, total: int, first: int) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
+    """The full view's messages from index ``first`` (a lazily opened store serves them from what it holds)."""
+    from ..projection import split_key
+
+    keys = store._state.keys
+    for offset, m in enumerate(await store.get_messages(last=total - first)):
+        yield m, split_key(keys[first + offset])[0]
 
 
 # -- stats ------------------------------------------------------------------------------------------
@@ -348,11 +429,20 @@ def _describe_compaction(d: dict[str, Any]) -> str:
 
 
 async def _stats(args: argparse.Namespace) -> int:
+    from ..snapshot import history_messages
+    from ..views import REASONING_ROLES, text_only
+
     async with await _open(args, args.session) as store:
         count = store._counter.count_message
-        views = {"full": await store.get_token_count(),
-                 "conversation": sum(count(m) for m in await store.get_conversation_view()),
-                 "reasoning": sum(count(m) for m in await store.get_reasoning_view())}
+        views = {"full": await store.get_token_count(), "conversation": 0, "reasoning": 0}
+        async for m in history_messages(store):  # one pass, a message at a time: the history is never held
+            role = m.get("role")
+            n = count(m) if role in REASONING_ROLES else 0
+            views["reasoning"] += n
+            if role in ("user", "assistant"):
+                kept = text_only(m)
+                if kept is not None:
+                    views["conversation"] += n if kept == m else count(kept)
         budget, source = store.resolve_budget(args.budget)
         request = await store.get_messages_for_request(token_budget=args.budget)
         views["request"] = sum(count(m) for m in request)
