@@ -7,6 +7,7 @@ the Nth time it is reached:
 - ``before-move``: a folder rename of the trash module is about to happen (the ledger record is written);
 - ``after-move``: that rename happened, before anything else;
 - ``mid-delete``: a purge is deleting an entry's files (one file gone);
+- ``in-transaction`` (``apply-pg``): a move's ledger row is written, its transaction not yet committed;
 - ``none``: run to the end.
 
 ``apply-pg`` applies the same policy to a PostgreSQL schema (STORAGE is ``pg:DSN:SCHEMA``).
@@ -73,6 +74,17 @@ def main(storage: str, op: str, point: str, nth: int) -> None:
     elif op == "apply-pg":  # STORAGE is pg:DSN:SCHEMA; one transaction per session, killed at random by the test
         from context_persistent.pg.retention import apply_pg
 
+        from context_persistent.pg import retention as pg_retention
+
+        real_append = pg_retention._Store.append
+
+        async def append(self: Any, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+            out = await real_append(self, kind, data)
+            if point == "in-transaction" and reached():  # the ledger row written, its transaction not committed
+                _die()
+            return out
+
+        pg_retention._Store.append = append  # type: ignore[method-assign]
         dsn, schema = storage[3:].rsplit(":", 1)
         asyncio.run(apply_pg(dsn, schema, RetentionPolicy(max_sessions=1)))
     else:

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,12 +136,12 @@ async def test_kill_while_applying(pg_dsn: str, schema: str, subprocess_env: dic
     rng = random.Random(16)
     killed = 0
     for _ in range(4):
-        proc = subprocess.Popen([PYTHON, str(CHILD), f"pg:{pg_dsn}:{schema}", "apply-pg", "none", "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env)
+        # killed inside the transaction of its 1st-3rd move (the ledger row written, not committed)
+        proc = subprocess.Popen([PYTHON, str(CHILD), f"pg:{pg_dsn}:{schema}", "apply-pg", "in-transaction",
+                                 str(rng.randint(1, 3))], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=subprocess_env)
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"START"
-        time.sleep(rng.uniform(0.05, 0.3))
-        proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
         killed += proc.returncode == -signal.SIGKILL
         # every session is live (unchanged) or in the trash, recorded, with the same records; never both
@@ -158,7 +157,7 @@ async def test_kill_while_applying(pg_dsn: str, schema: str, subprocess_env: dic
             else:
                 assert listed[trashed[sid]]["log"]["sha256"] == digests[sid]
                 assert listed[trashed[sid]]["present"]
-    assert killed >= 1
+    assert killed == 4  # every round was killed inside a move
     report = await apply_pg(pg_dsn, schema, RetentionPolicy(max_sessions=1))
     assert len(await _rows(pg_dsn, f"SELECT session_id FROM {schema}.sessions")) == 1
     assert len(await list_trash_pg(pg_dsn, schema)) == 11 and report["skipped"] == []
