@@ -15,6 +15,7 @@ damaged one must not be sealed with a checksum that vouches for it. :meth:`diges
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -64,8 +65,12 @@ class RunningHash:
         with self._lock:
             if self.end >= self.size or self._thread is not None or self._closed:
                 return
-            self._thread = threading.Thread(target=self._catch_up, name="context-persistent-hash", daemon=True)
+            self._thread = threading.Thread(target=self._background, name="context-persistent-hash", daemon=True)
             self._thread.start()
+
+    def _background(self) -> None:
+        with contextlib.suppress(OSError):  # (digest() reads on and raises it, at the next roll)
+            self._catch_up()
 
     def _catch_up(self) -> None:
         while True:
