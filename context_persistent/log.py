@@ -19,11 +19,13 @@ truncates the zeros (docs/format.md). Logs written either way are read the same 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,8 @@ from .errors import (ConcurrencyError, LogCorruptedError, LogWriteError, Session
                      SessionTrashedError, UnsafeStorageError)
 from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
                     open_private_dir, open_private_file, private_dir, write_all)
-from .segment_store import compress_segment, recover, replace_segments, seal_active
+from .running_hash import RunningHash
+from .segment_store import SealSummary, compress_segment, recover, replace_segments, seal_active
 from .segments import LogReader, Manifest, Segment, read_line_at
 
 logger = logging.getLogger("context_persistent")
@@ -275,7 +278,13 @@ class FileEventLog:
             raise ValueError(f"compress_sealed must be true or false, got {compress_sealed!r}")
         self.compress_sealed = compress_sealed
         #: The sealed segments (segments.py); None for a single-file log (no manifest).
-        self.manifest: Manifest | None = None
+        self._manifest: Manifest | None = None
+        #: The running SHA-256 of the active segment (running_hash.py), and its first record's seq and crc
+        #: once known: what sealing it needs, without reading it back.
+        self._hash: RunningHash | None = None
+        self._active_first: tuple[int, str] | None = None
+        #: The compression of the segment sealed last, running in a worker thread (``compress_sealed``).
+        self._compressing: threading.Thread | None = None
         #: The global position where the active segment (``events.jsonl``) starts.
         self.base = 0
         #: What open did to finish or roll back a roll, compression or rewrite a killed writer left midway.
@@ -352,6 +361,7 @@ class FileEventLog:
                 os.ftruncate(self._fd, self.size)
                 os.fdatasync(self._fd)
                 self._reserved = self.size
+            self._new_hash(self.size)
         except BaseException as e:
             self._release()
             if isinstance(e, OSError) and not isinstance(e, UnsafeStorageError):
@@ -359,6 +369,18 @@ class FileEventLog:
             raise
         finally:
             os.close(dir_fd)
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The manifest of the segmented log (None for a single-file log). While the segment sealed last is
+        being compressed in the background, reading this waits for that to finish, so that what it lists is on
+        disk."""
+        self._wait_compressing()
+        return self._manifest
+
+    @manifest.setter
+    def manifest(self, value: Manifest | None) -> None:
+        self._manifest = value
 
     @property
     def position(self) -> int:
@@ -548,6 +570,7 @@ class FileEventLog:
             raise LogWriteError(str(self.path), "cut the torn tail of", e,
                                 f"its bytes are saved in {side}; open the session again to retry") from e
         self.size = self._reserved = torn.offset
+        self._new_hash(torn.offset)
         torn.saved_to = str(side)
         self.torn = None
         return torn
@@ -569,6 +592,11 @@ class FileEventLog:
         self._write(data, len(lines) == 1)
         if self.fsync_mode != "never":
             self._sync(start)
+        if start == 0:
+            self._active_first = (first_seq, lines[0][-11:-3].decode())
+        if self._hash is not None:  # acknowledged: the running hash takes exactly these bytes
+            self._hash.wrote(start, data)
+            self._hash.start_catch_up()
         self.last_seq = first_seq + len(lines) - 1
         self.last_crc = data[-11:-3]  # (codec.crc_of of the last record)
         if (self._roll_next or self.segment_bytes and self.size >= self.segment_bytes) and self._roll_error is None:
@@ -596,6 +624,7 @@ class FileEventLog:
         no record. With ``compress_sealed``, the sealed segment is then compressed. See docs/operations.md."""
         if self.readonly or self._fd < 0:
             raise LogWriteError(str(self.path), "roll", OSError(errno.EBADF, "log is not open for writing"))
+        self._wait_compressing()
         if self._broken is not None or self.torn is not None or self.size == 0:
             return None
         try:
@@ -603,11 +632,15 @@ class FileEventLog:
                 os.ftruncate(self._fd, self.size)
                 self._reserved = self.size
             os.fsync(self._fd)
-        except OSError as e:
-            raise LogWriteError(str(self.path), "sync before sealing", e, "the log is unchanged") from e
+            summary = self._seal_summary()
+        except LogCorruptedError:
+            raise
+        except (OSError, codec.RecordError) as e:
+            raise LogWriteError(str(self.path), "sync before sealing", OSError(errno.EIO, str(e))
+                                if isinstance(e, codec.RecordError) else e, "the log is unchanged") from e
         manifest = self.manifest if self.manifest is not None else Manifest(self.session_id)
         try:
-            manifest, seg, fd = seal_active(self.directory, manifest, self.size)
+            manifest, seg, fd = seal_active(self.directory, manifest, self.size, summary)
         except OSError as e:
             self._broken = e  # the next open finishes or undoes the roll (segment_store.recover)
             raise LogWriteError(str(self.path), "seal", e, "the records are safe; appends are refused until the "
@@ -617,14 +650,58 @@ class FileEventLog:
         self.manifest = manifest
         self.base = manifest.base
         self.size = self._reserved = 0
+        self._new_hash(0)
         if self.compress_sealed:
-            try:
-                self.manifest = compress_segment(self.directory, manifest, len(manifest.segments) - 1)
-            except BaseException as e:
-                # Perhaps committed and not carried out: the next open finishes it (segment_store.recover).
-                self._broken = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
-                raise
+            self._compressing = threading.Thread(target=self._compress, args=(manifest, len(manifest.segments) - 1),
+                                                 name="context-persistent-compress", daemon=True)
+            self._compressing.start()
         return seg
+
+    def _compress(self, manifest: Manifest, index: int) -> None:
+        """Compress sealed segment ``index`` (a worker thread, after the seal is committed; appends go on
+        meanwhile, and every other change of the manifest waits for it: ``_wait_compressing``)."""
+        try:
+            self._manifest = compress_segment(self.directory, manifest, index)
+        except BaseException as e:
+            # Perhaps committed and not carried out: the next open finishes it (segment_store.recover).
+            self._broken = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
+            logger.warning("%s: could not compress %s (%s); appends are refused until the session is opened "
+                           "again, which finishes or undoes the compression", self.path,
+                           manifest.segments[index].name, e)
+
+    def _wait_compressing(self) -> None:
+        thread = self._compressing
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+            self._compressing = None
+
+    def _new_hash(self, known: int) -> None:
+        """Start a running hash for the active file as it is now (``known`` bytes of data in it)."""
+        if self._hash is not None:
+            self._hash.close()
+        segments = self._manifest.segments if self._manifest is not None else ()
+        self._hash = RunningHash(self._fd, known, self.path, segments[-1].last_seq if segments else 0)
+        self._active_first = None
+
+    def _seal_summary(self) -> SealSummary:
+        """What the manifest records of the active segment when it is sealed, from what the writer tracked:
+        only its first record is read back (when the segment held data before this writer opened it)."""
+        assert self._hash is not None
+        first = self._active_first
+        if first is None:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = os.pread(self._fd, 1 << 16, len(line))
+                if not chunk:
+                    raise codec.RecordError("the active segment's first record has no newline")
+                line += chunk
+                if b"\n" in chunk:
+                    line = line[:line.index(b"\n") + 1]
+            seq, crc = codec.checked_seq(line)
+            first = (seq, crc.decode())
+        if self.last_crc is None:
+            raise codec.RecordError("the crc of the last record is not known")
+        return SealSummary(first[0], first[1], self.last_seq, self.last_crc.decode(), self._hash.digest())
 
     def _write(self, data: bytes, one_record: bool = True) -> None:
         start = self.size
@@ -703,6 +780,7 @@ class FileEventLog:
         os.close(self._fd)
         self._fd = fd
         self.size = self._reserved = size
+        self._new_hash(size)
         fsync_dir(self.directory)
 
     def replace_segments(self, new_data: dict[int, bytes], active_tmp: str | None) -> None:
@@ -726,6 +804,7 @@ class FileEventLog:
             os.close(self._fd)
             self._fd = fd
             self.size = self._reserved = os.fstat(fd).st_size
+            self._new_hash(self.size)
 
     # -- following ----------------------------------------------------------------------------------
     async def follow(self, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
@@ -736,9 +815,15 @@ class FileEventLog:
 
     # -- closing ------------------------------------------------------------------------------------
     async def close(self) -> None:
+        if self._compressing is not None:  # wait for a background compression without stalling the loop
+            await asyncio.to_thread(self._wait_compressing)
         self._release()
 
     def _release(self) -> None:
+        self._wait_compressing()  # before the lock goes: no other writer may open while it runs
+        if self._hash is not None:
+            self._hash.close()
+            self._hash = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None

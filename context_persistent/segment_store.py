@@ -19,6 +19,7 @@ import os
 import signal
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import NamedTuple
 from pathlib import Path
 
 from . import codec
@@ -151,22 +152,41 @@ def check_records(lines: Iterator[bytes], where: Path, after_seq: int) -> tuple[
     return first_seq, first_crc.decode(), last_seq, crc.decode(), "sha256:" + h.hexdigest()
 
 
-def seal_active(directory: Path, manifest: Manifest, size: int) -> tuple[Manifest, Segment, int]:
+class SealSummary(NamedTuple):
+    """What the manifest records of a segment being sealed, as the writer tracked it while writing it."""
+
+    first_seq: int
+    first_crc: str
+    last_seq: int
+    last_crc: str
+    sha256: str
+
+
+def seal_active(directory: Path, manifest: Manifest, size: int,
+                summary: SealSummary | None = None) -> tuple[Manifest, Segment, int]:
     """Seal the first ``size`` bytes (the whole data, already fsynced) of ``events.jsonl`` as the next sealed
     segment and start an empty active segment. Returns the new manifest, the segment and the new active file's
-    descriptor (opened read-write)."""
+    descriptor (opened read-write).
+
+    With ``summary`` (the writer's running hash and the first and last records it wrote or replayed), the file
+    is not read at all; without it, every record is read back and checked (:func:`check_records`)."""
     active = directory / LOG_NAME
     prev = manifest.segments[-1] if manifest.segments else None
-    with open(active, "rb") as f:
-        def lines() -> Iterator[bytes]:
-            left = size
-            for line in f:
-                if left <= 0:
-                    break
-                yield line[:left]
-                left -= len(line)
-        first_seq, first_crc, last_seq, last_crc, digest = check_records(
-            lines(), active, prev.last_seq if prev else 0)
+    if summary is not None:
+        first_seq, first_crc, last_seq, last_crc, digest = summary
+        if prev is not None and first_seq <= prev.last_seq:
+            raise ValueError(f"{active} starts at seq {first_seq}, which does not follow seq {prev.last_seq}")
+    else:
+        with open(active, "rb") as f:
+            def lines() -> Iterator[bytes]:
+                left = size
+                for line in f:
+                    if left <= 0:
+                        break
+                    yield line[:left]
+                    left -= len(line)
+            first_seq, first_crc, last_seq, last_crc, digest = check_records(
+                lines(), active, prev.last_seq if prev else 0)
     if not first_seq:
         raise ValueError(f"{active} holds no record: nothing to seal")
     name = manifest.next_name()
@@ -395,4 +415,4 @@ def migrate(directory: Path, session_id: str, segment_bytes: int, compress_segme
         lock.release()
 
 
-__all__ = ["STEPS", "compress_segment", "migrate", "read_segment", "recover", "replace_segments", "seal_active"]
+__all__ = ["STEPS", "SealSummary", "compress_segment", "migrate", "read_segment", "recover", "replace_segments", "seal_active"]

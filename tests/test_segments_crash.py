@@ -78,12 +78,16 @@ async def test_kill_during_roll_or_compression_loses_nothing_acknowledged(
     reader = await PersistentContextManager.open(storage_path=storage, session_id=SID, readonly=True)
     seen = [m["content"].split()[0] for m in await reader.get_messages()]
     await reader.close()
-    assert seen == [f"m{i}" for i in range(acked + 1)]
+    # A roll runs within the append that sets it off, once that append is durable: the kill leaves exactly
+    # that one more. A compression runs in a worker thread while appends go on: the kill may come during
+    # an append, which is then there or not.
+    kept = len(seen) if mode == "compress" and len(seen) in (acked, acked + 1) else acked + 1
+    assert seen == [f"m{i}" for i in range(kept)], (acked, seen[-3:])
     assert sorted(p.name for p in (storage / SID).iterdir()) == names
     messages, recovered = await _state(storage)
     contents = [m["content"].split()[0] for m in messages]
-    # every acknowledged append is there; the append that set off the roll was durable before it began
-    assert contents == [f"m{i}" for i in range(acked + 1)], (acked, contents[-3:])
+    # every acknowledged append is there
+    assert contents == [f"m{i}" for i in range(kept)], (acked, contents[-3:])
     if step in ("roll-manifest", "roll-renamed", "compress-manifest", "compress-renamed"):
         assert recovered  # it finished what was committed, and said so
     if step == "compress-written":
@@ -92,7 +96,7 @@ async def test_kill_during_roll_or_compression_loses_nothing_acknowledged(
     lines, code = _run(storage, mode, subprocess_env, None)
     assert code == 0 and "IDLE" in lines
     messages, _ = await _state(storage)
-    assert len(messages) == acked + 1 + 400
+    assert len(messages) == kept + 400
 
 
 async def _prepare_erase(storage: Path) -> None:
