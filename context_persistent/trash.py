@@ -25,18 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .errors import LedgerError, SessionLockedError, SessionTrashedError
+from .errors import LedgerError, LogCorruptedError, SessionLockedError, SessionTrashedError
 from .log import FileEventLog, FileLock, data_end
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
 from .segments import MANIFEST_NAME as _MANIFEST  # (a folder holding only it is a session: a roll killed midway)
 from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
-                        RetentionPolicy, SessionInfo, fold, plan, purge_due)
+                        RetentionPolicy, SegmentInfo, SessionInfo, fold, plan, purge_due)
+from .segments import LogReader, load_manifest
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
 RETENTION_DIR = ".retention"
 TRASH_DIR = "trash"
 #: The ledger's chain root is the CRC-32 of ``session:.retention`` (an id no session can have).
 LEDGER_ID = ".retention"
+#: Why ``apply`` leaves a selected sealed segment in place (reported with each one).
+SEGMENTS_NOT_APPLIED = ("kept: expiring sealed segments of a kept session is not supported yet; `retention plan` "
+                        "reports them and nothing of the session was changed (docs/operations.md, Retention)")
 #: A trash entry being purged is renamed to this prefix first, so a half-deleted folder is never listed.
 PURGING = ".purging-"
 
@@ -183,6 +187,40 @@ def sessions(storage: Path | str) -> list[SessionInfo]:
             continue
         out.append(describe(storage, name))
     return out
+
+
+def sealed_segments(storage: Path | str, session_id: str) -> list[SegmentInfo]:
+    """The sealed segments of a session, oldest first, each with the time of its last record (read from the
+    segment: one line, one zstd frame if compressed); [] for a single-file log. A last record that does not
+    decode is corruption: LogCorruptedError (never skipped)."""
+    folder = Path(storage) / session_id
+    manifest = load_manifest(folder, session_id)
+    if manifest is None or not manifest.segments:
+        return []
+    out: list[SegmentInfo] = []
+    with LogReader(folder, session_id) as reader:
+        for seg in manifest.segments:
+            line = reader.line_ending_at(seg.end)
+            try:
+                rec = codec.decode(line)
+            except codec.RecordError as e:
+                path, offset = reader.where(seg.end - len(line))
+                raise LogCorruptedError(str(path), 0, offset, f"the last record of sealed segment {seg.name} "
+                                        f"does not decode ({e}); `context-persistent verify` checks the log") from None
+            if rec["seq"] != seg.last_seq:
+                path, offset = reader.where(seg.end - len(line))
+                raise LogCorruptedError(str(path), 0, offset, f"the last record of sealed segment {seg.name} has "
+                                        f"seq {rec['seq']}; the manifest says {seg.last_seq}")
+            out.append(SegmentInfo(seg.name, seg.first_seq, seg.last_seq, datetime.fromisoformat(rec["ts"]),
+                                   seg.size))
+    return out
+
+
+def _sealed_of(storage: Path, infos: list[SessionInfo], policy: RetentionPolicy) -> dict[str, list[SegmentInfo]]:
+    """The sealed segments of each session, when the policy has a segment rule (else nothing is read)."""
+    if not policy.segment_limits():
+        return {}
+    return {s.session_id: sealed_segments(storage, s.session_id) for s in infos}
 
 
 def _manifest_digest(folder: Path) -> dict[str, Any] | None:
@@ -347,22 +385,32 @@ def _now(now: datetime | None) -> datetime:
 
 async def plan_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
                     exclude: frozenset[str] = frozenset()) -> Plan:
-    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed)."""
-    return plan(policy, sessions(Path(storage)), _now(now), exclude)
+    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed): sessions, and
+    the sealed segments of kept ones (``Plan.segments``)."""
+    root = Path(storage)
+    infos = sessions(root)
+    return plan(policy, infos, _now(now), exclude, _sealed_of(root, infos, policy))
 
 
 async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
                      exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Apply ``policy`` to a storage folder: reconcile, plan, move each expired session that no writer holds
-    to the trash (recorded first). Returns ``{plan, trashed, skipped, reconciled}``."""
+    to the trash (recorded first). Returns ``{plan, trashed, skipped, reconciled, segments_kept}``;
+    ``segments_kept`` lists the sealed segments the segment rules select, none of which is expired yet
+    (:data:`SEGMENTS_NOT_APPLIED`)."""
     root = Path(storage)
     ledger = await Ledger.open(root)
     try:
         reconciled = await reconcile(ledger)
         when = _now(now)
-        p = plan(policy, sessions(root), when, exclude)
+        infos = sessions(root)
+        p = plan(policy, infos, when, exclude, _sealed_of(root, infos, policy))
         trashed, skipped = [], [{"session_id": e.session_id, "rule": e.rule, "why": "live: a writer holds it"}
                                 for e in p.live]
+        # Expiring sealed segments of a kept session is planned but not carried out (docs/operations.md,
+        # "Retention": segments): each selected segment is reported, and nothing of the session is changed.
+        segments_kept = [{**e.as_dict(), "why": SEGMENTS_NOT_APPLIED} for e in p.segments]
+        segments_kept += [{**e.as_dict(), "why": "live: a writer holds the session"} for e in p.segments_live]
         for expiry in p.expire:
             try:
                 data = await trash_session(ledger, expiry, policy, when)
@@ -370,7 +418,8 @@ async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *
                 skipped.append({"session_id": expiry.session_id, "rule": expiry.rule, "why": f"live: {e}"})
                 continue
             trashed.append({k: data[k] for k in ("entry", "session_id", "rule", "reason", "bytes", "purge_after")})
-        return {"plan": p.as_dict(), "trashed": trashed, "skipped": skipped, "reconciled": reconciled}
+        return {"plan": p.as_dict(), "trashed": trashed, "skipped": skipped, "reconciled": reconciled,
+                "segments_kept": segments_kept}
     finally:
         await ledger.close()
 
@@ -478,5 +527,6 @@ async def apply_on_open(storage: Path, policy: RetentionPolicy, session_id: str)
 
 
 __all__ = ["Entry", "Ledger", "LedgerError", "SessionTrashedError", "apply_file", "apply_on_open",
-           "check_not_trashed", "list_trash", "plan_file", "purge", "reconcile", "restore", "sessions",
+           "SEGMENTS_NOT_APPLIED", "check_not_trashed", "list_trash", "plan_file", "purge", "reconcile", "restore",
+           "sealed_segments", "sessions",
            "trash_session"]

@@ -1,0 +1,168 @@
+"""Segment rules of a retention policy: ``max_segments`` and ``max_age_days`` over the sealed segments of a kept
+session (the plan, pure and on a real segmented log), their validation, and that ``apply`` reports the selected
+segments and changes nothing of the session (expiring them is not carried out: docs/operations.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import PYTHON
+from context_persistent import LogCorruptedError, PersistentContextManager, trash
+from context_persistent.retention import RetentionPolicy, SegmentInfo, SessionInfo, plan, plan_segments
+from context_persistent.segments import load_manifest
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _segs(*days_ago: float) -> list[SegmentInfo]:
+    """Sealed segments, oldest first, whose last records are ``days_ago`` days before T0 (10 records each)."""
+    return [SegmentInfo(f"segment-{i + 1:06d}.jsonl", 10 * i + 1, 10 * i + 10, T0 - timedelta(days=d), 1000)
+            for i, d in enumerate(days_ago)]
+
+
+# -- the policy --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config, words", [
+    ({"max_segments": -1}, "retention.max_segments must be a whole number ≥ 0"),
+    ({"max_segments": 2.5}, "retention.max_segments must be a whole number"),
+    ({"max_segments": "3"}, "retention.max_segments must be a whole number"),
+    ({"max_segments": False}, "retention.max_segments must be a whole number"),
+    ({"max_segment": 3}, "unknown retention key(s) max_segment; allowed: max_age_days, max_bytes, max_sessions, "
+                         "max_segments"),
+])
+def test_max_segments_errors_say_what_is_allowed(config: Any, words: str) -> None:
+    with pytest.raises(ValueError) as e:
+        RetentionPolicy.from_config(config)
+    assert words in str(e.value)
+
+
+def test_max_segments_is_a_limit_of_its_own() -> None:
+    policy = RetentionPolicy.from_config({"max_segments": 4, "apply_on_open": True})
+    assert policy.limits() == {"max_segments": 4} and policy.segment_limits() == {"max_segments": 4}
+    assert RetentionPolicy(max_sessions=3).segment_limits() == {}
+    assert RetentionPolicy(max_age_days=9).segment_limits() == {"max_age_days": 9}
+    assert policy.as_dict()["max_segments"] == 4
+    cfg = PersistentContextManager.check_config({"retention": {"max_segments": 0}})
+    assert cfg["retention"] == RetentionPolicy(max_segments=0)
+
+
+# -- the plan (pure) ---------------------------------------------------------------------------------
+def test_max_segments_keeps_the_newest_sealed_segments() -> None:
+    sealed = _segs(9, 8, 7, 6, 5)
+    got = plan_segments(RetentionPolicy(max_segments=2), "s", sealed, T0)
+    assert [e.segment.name for e in got] == [s.name for s in sealed[:3]]
+    assert {e.rule for e in got} == {"max_segments"} and "5 sealed segments; max_segments is 2" in got[0].reason
+    assert plan_segments(RetentionPolicy(max_segments=5), "s", sealed, T0) == []
+    assert len(plan_segments(RetentionPolicy(max_segments=0), "s", sealed, T0)) == 5  # the active one stays
+
+
+def test_segment_age_is_the_last_record_and_only_a_prefix_expires() -> None:
+    got = plan_segments(RetentionPolicy(max_age_days=30), "s", _segs(40, 31, 30, 45, 1), T0)
+    # the third (exactly 30 days) stays, so the fourth stays too although it is older: never a gap
+    assert [(e.segment.first_seq, e.rule) for e in got] == [(1, "max_age_days"), (11, "max_age_days")]
+    assert "40.0 days old; max_age_days is 30" in got[0].reason
+
+
+def test_segment_rules_combine_oldest_first() -> None:
+    got = plan_segments(RetentionPolicy(max_age_days=30, max_segments=3), "s", _segs(50, 20, 10, 5, 1), T0)
+    assert [(e.segment.first_seq, e.rule) for e in got] == [(1, "max_age_days"), (11, "max_segments")]
+
+
+def test_plan_selects_segments_of_kept_sessions_only() -> None:
+    infos = [SessionInfo("gone", T0 - timedelta(days=90), 10), SessionInfo("kept", T0, 10),
+             SessionInfo("busy", T0, 10, live=True), SessionInfo("opening", T0, 10)]
+    sealed = {sid: _segs(60, 50, 1) for sid in ("gone", "kept", "busy", "opening")}
+    p = plan(RetentionPolicy(max_age_days=30), infos, T0, frozenset({"opening"}), sealed)
+    assert [e.session_id for e in p.expire] == ["gone"]  # a whole session: its segments go with it
+    assert [(e.session_id, e.segment.first_seq) for e in p.segments] == [("kept", 1), ("kept", 11)]
+    assert [(e.session_id, e.segment.first_seq) for e in p.segments_live] == [("busy", 1), ("busy", 11)]
+    rows = p.as_dict()["segments"]
+    assert rows[0]["segment"] == "segment-000001.jsonl" and rows[0]["last_seq"] == 10 and rows[0]["bytes"] == 1000
+    assert plan(RetentionPolicy(max_sessions=9), infos, T0, sealed=sealed).segments == []  # no segment rule
+
+
+# -- on a segmented log ------------------------------------------------------------------------------
+async def _segmented(storage: Path, sid: str, n: int = 60) -> list[dict[str, Any]]:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=sid, segment_bytes=4096)
+    msgs = [{"role": "user", "content": f"{sid} message {i} " + "s" * 300} for i in range(n)]
+    for m in msgs:
+        await store.add_message(m)
+    await store.close()
+    return msgs
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "lock"}
+
+
+async def test_sealed_segments_are_read_from_the_log(storage: Path) -> None:
+    await _segmented(storage, "seg")
+    manifest = load_manifest(storage / "seg", "seg")
+    assert manifest is not None and len(manifest.segments) >= 3
+    infos = trash.sealed_segments(storage, "seg")
+    assert [(i.name, i.first_seq, i.last_seq, i.bytes) for i in infos] == [
+        (s.name, s.first_seq, s.last_seq, s.size) for s in manifest.segments]
+    lines = b"".join((storage / "seg" / s.name).read_bytes() for s in manifest.segments).splitlines()
+    by_seq = {json.loads(line)["seq"]: json.loads(line)["ts"] for line in lines}
+    assert [i.last_record for i in infos] == [datetime.fromisoformat(by_seq[s.last_seq]) for s in manifest.segments]
+    assert trash.sealed_segments(storage, "nothing-here-is-segmented") == []
+
+
+async def test_a_damaged_last_record_of_a_segment_is_an_error(storage: Path) -> None:
+    await _segmented(storage, "seg")
+    manifest = load_manifest(storage / "seg", "seg")
+    assert manifest is not None
+    first = storage / "seg" / manifest.segments[0].name
+    data = bytearray(first.read_bytes())
+    data[-5] ^= 0x01  # inside the last record's JSON: its checksum no longer holds
+    os.chmod(first, 0o600)
+    first.write_bytes(bytes(data))
+    with pytest.raises(LogCorruptedError, match="last record of sealed segment segment-000001.jsonl"):
+        trash.sealed_segments(storage, "seg")
+    with pytest.raises(LogCorruptedError):  # a plan never skips it silently
+        await trash.plan_file(storage, RetentionPolicy(max_segments=1))
+
+
+async def test_apply_reports_selected_segments_and_changes_nothing(storage: Path) -> None:
+    msgs = await _segmented(storage, "seg")
+    before = _files(storage / "seg")
+    manifest = load_manifest(storage / "seg", "seg")
+    assert manifest is not None
+    n = len(manifest.segments)
+    p = await trash.plan_file(storage, RetentionPolicy(max_segments=1))
+    assert [e.segment.name for e in p.segments] == [s.name for s in manifest.segments[:-1]]
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert report["trashed"] == [] and len(report["segments_kept"]) == n - 1
+    assert all(k["why"] == trash.SEGMENTS_NOT_APPLIED for k in report["segments_kept"])
+    assert _files(storage / "seg") == before
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    assert await store.get_messages() == msgs
+    # a writer holds it: reported as live
+    live = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert [k["why"] for k in live["segments_kept"]] == ["live: a writer holds the session"] * (n - 1)
+    await store.close()
+
+
+def test_cli_plan_and_apply_show_segments(storage: Path, subprocess_env: dict[str, str]) -> None:
+    asyncio.run(_segmented(storage, "seg"))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-m", "context_persistent", *args, "--storage", str(storage)],
+                              capture_output=True, text=True, env=subprocess_env, timeout=60)
+
+    out = cli("retention", "plan", "--max-segments", "1")
+    assert out.returncode == 0, out.stderr
+    assert "segment seg/segment-000001.jsonl" in out.stdout and "max_segments" in out.stdout
+    out = cli("retention", "apply", "--max-segments", "1", "--json")
+    assert out.returncode == 1, out.stderr  # selected segments were not expired: reported as a problem
+    report = json.loads(out.stdout)
+    assert report["segments_kept"][0]["segment"] == "segment-000001.jsonl"
+    out = cli("retention", "plan", "--max-segments", "-2")
+    assert out.returncode == 2 and "-2" in out.stderr
