@@ -39,8 +39,8 @@ TRASH_DIR = "trash"
 #: The ledger's chain root is the CRC-32 of ``session:.retention`` (an id no session can have).
 LEDGER_ID = ".retention"
 #: Why ``apply`` leaves a selected sealed segment in place (reported with each one).
-SEGMENTS_NOT_APPLIED = ("kept: expiring sealed segments of a kept session is not supported yet; `retention plan` "
-                        "reports them and nothing of the session was changed (docs/operations.md, Retention)")
+SEGMENTS_NOT_APPLIED = ("expiring the sealed segments of a kept session is not supported yet: reported only, nothing "
+                        "of the session was changed (docs/operations.md, Retention)")
 #: A trash entry being purged is renamed to this prefix first, so a half-deleted folder is never listed.
 PURGING = ".purging-"
 

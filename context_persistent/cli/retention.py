@@ -53,7 +53,7 @@ def _print_plan(p: dict[str, Any]) -> list[str]:
                      "session: kept)")
     if p.get("segments") or p.get("segments_live"):
         lines.append(f"{len(p['segments'])} sealed segment(s) of kept sessions selected (apply does not expire "
-                     "segments yet: it reports them)")
+                     "segments yet: it reports them and exits 1)")
     return lines
 
 
@@ -104,6 +104,8 @@ def run_apply(args: argparse.Namespace) -> int:
         for k in report.get("segments_kept", []):
             lines.append(f"kept segment {k['session_id']}/{k['segment']} (selected by {k['rule']}): {k['why']}")
         lines.append(f"{len(report['trashed'])} session(s) moved to the trash, {len(report['skipped'])} skipped")
+        if report.get("segments_kept"):
+            lines.append(f"{len(report['segments_kept'])} sealed segment(s) selected and kept")
         print("\n".join(lines))
     return 1 if report["skipped"] or report.get("segments_kept") else 0
 
