@@ -276,6 +276,8 @@ def purge_due(trashed_at: datetime, grace_days: float, now: datetime) -> bool:
 ENTRY_SEP = "~"
 TRASHED, CANCELLED, RESTORED, RESTORE_CANCELLED, PURGED = (
     "trashed", "trash_cancelled", "restored", "restore_cancelled", "purged")
+#: Segment expiry (segment_expiry.py): the oldest sealed segments of a kept session go to a trash entry.
+SEGMENTS_TRASHED, SEGMENTS_CANCELLED = "segments_trashed", "segments_cancelled"
 #: Ledger record types and the data keys each must have (a record without them is corrupt, never skipped).
 LEDGER_TYPES: dict[str, tuple[str, ...]] = {
     TRASHED: ("entry", "session_id", "rule", "reason", "policy", "log", "bytes", "purge_after"),
@@ -283,6 +285,9 @@ LEDGER_TYPES: dict[str, tuple[str, ...]] = {
     RESTORED: ("entry", "session_id"),
     RESTORE_CANCELLED: ("entry", "session_id", "reason"),
     PURGED: ("entry", "session_id", "forced", "reason"),
+    SEGMENTS_TRASHED: ("entry", "session_id", "rule", "reason", "policy", "segments", "first_seq", "last_seq", "bytes",
+                       "purge_after"),
+    SEGMENTS_CANCELLED: ("entry", "session_id", "reason"),
 }
 
 
@@ -298,6 +303,8 @@ class Entry:
     data: dict[str, Any]
     state: str = TRASHED
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: ``session`` (a whole session folder) or ``segments`` (expired sealed segments of a kept session).
+    kind: str = "session"
 
     @property
     def purge_after(self) -> datetime:
@@ -307,8 +314,10 @@ class Entry:
         return {"entry": self.name, "session_id": self.session_id, "state": self.state,
                 "trashed_at": self.trashed_at.isoformat(), "purge_after": self.data["purge_after"],
                 "rule": self.data["rule"], "reason": self.data["reason"], "bytes": self.data["bytes"],
-                "log": self.data["log"], "policy": self.data["policy"], "ledger_seq": self.seq,
-                "history": self.history}
+                "log": self.data.get("log"), "policy": self.data["policy"], "ledger_seq": self.seq,
+                "history": self.history, "kind": self.kind,
+                **({"segments": [s["name"] for s in self.data["segments"]], "first_seq": self.data["first_seq"],
+                    "last_seq": self.data["last_seq"]} if self.kind == "segments" else {})}
 
 
 def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
@@ -324,17 +333,18 @@ def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
         if not isinstance(data, dict) or any(k not in data for k in need):
             raise LedgerError(f"{path}: seq {seq} ({kind}) lacks one of {', '.join(need)}; nothing was changed")
         name = data["entry"]
-        if kind == TRASHED:
+        if kind in (TRASHED, SEGMENTS_TRASHED):
             if name in entries or name != f"{data['session_id']}{ENTRY_SEP}{seq}":
                 raise LedgerError(f"{path}: seq {seq} trashes entry {name!r}, which is not "
                                   f"'<session_id>{ENTRY_SEP}{seq}' or was used before; nothing was changed")
-            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data)
+            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data,
+                                  kind="segments" if kind == SEGMENTS_TRASHED else "session")
             continue
         entry = entries.get(name)
         if entry is None:
             raise LedgerError(f"{path}: seq {seq} ({kind}) names entry {name!r}, which no earlier record trashed; "
                               "nothing was changed")
-        entry.state = kind
+        entry.state = CANCELLED if kind == SEGMENTS_CANCELLED else kind
         entry.history.append({"seq": seq, "type": kind, "ts": rec["ts"],
                               **{k: v for k, v in data.items() if k not in ("entry", "session_id")}})
     return entries
@@ -345,7 +355,9 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
                  segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
                  expired_at: str) -> dict[str, Any]:
     """The data of an ``expired`` record for the records ``first_seq..last_seq`` (``boundary_crc``: the ``crc``
-    of the record at ``last_seq``, which the first surviving record names as its ``prev``).
+    of the record at ``last_seq``, which the first surviving record names as its ``prev``). Carried messages
+    whose keys are older than ``first_seq`` were carried by an earlier ``expired`` record (one that this range
+    covers): they are carried again.
 
     ``boundary`` is the session's projection folded up to ``last_seq``, ``now`` the projection the record is
     appended to. Carried (kept in every view): the messages of the range that are the leading system prompt
@@ -358,7 +370,7 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
     lead = now.leading_system_count()
     keys = list(now.keys)
     carried = [{"key": k, "message": now.messages[i]} for i, k in enumerate(keys)
-               if low <= k <= high and (i < lead or k in now.pinned)]
+               if 0 <= k <= high and (i < lead or k in now.pinned)]  # (with those an earlier expiry carried)
     wanted = {c["key"] for c in carried}
     layout: list[dict[str, Any]] = []
     for k, m in zip(boundary.keys, boundary.messages):
@@ -399,5 +411,5 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
 
 
 __all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
-           "RetentionPolicy", "SEGMENT_RULES", "SegmentExpiry", "SegmentInfo", "SessionInfo", "expired_data", "fold",
+           "RetentionPolicy", "SEGMENTS_CANCELLED", "SEGMENTS_TRASHED", "SEGMENT_RULES", "SegmentExpiry", "SegmentInfo", "SessionInfo", "expired_data", "fold",
            "fold_after_expiry", "plan", "plan_segments", "purge_due"]

@@ -95,6 +95,16 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
                     os.chmod(directory / tmp, SEALED_MODE)
                 os.replace(directory / tmp, directory / name)
                 actions.append(f"finished replacing {name} by its new version")
+        elif op == "expire":  # segment retention: move an expired file into its trash entry
+            name, entry = p["name"], p["entry"]
+            if _exists(directory, name):
+                dest = directory.parent / ".retention" / "trash" / entry
+                if not dest.exists():
+                    os.makedirs(dest, 0o700, exist_ok=True)
+                    fsync_dir(dest.parent)
+                os.rename(directory / name, dest / name)
+                fsync_dir(dest)
+                actions.append(f"moved {name} into the trash entry {entry} (expired by retention)")
         elif op == "remove":
             name = p["name"]
             if _exists(directory, name):
