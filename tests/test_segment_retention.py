@@ -1,10 +1,11 @@
-"""Segment rules of a retention policy: ``max_segments`` and ``max_age_days`` over the sealed segments of a kept
-session (the plan, pure and on a real segmented log), their validation, and that ``apply`` reports the selected
-segments and changes nothing of the session (expiring them is not carried out: docs/operations.md)."""
+"""Segment retention: ``max_segments`` and ``max_age_days`` over the sealed segments of a kept session (the
+plan, pure and on a real segmented log; validation), and applying it: the expired record with its carried
+copies, the manifest boundary, the trash entry, the seeded open, restore refused, purge, live sessions kept."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -130,27 +131,110 @@ async def test_a_damaged_last_record_of_a_segment_is_an_error(storage: Path) -> 
         await trash.plan_file(storage, RetentionPolicy(max_segments=1))
 
 
-async def test_apply_reports_selected_segments_and_changes_nothing(storage: Path) -> None:
-    msgs = await _segmented(storage, "seg")
-    before = _files(storage / "seg")
-    manifest = load_manifest(storage / "seg", "seg")
+async def _with_prompt_and_pin(storage: Path, sid: str, n: int = 60) -> list[dict[str, Any]]:
+    """A segmented session: a system prompt, then ``n`` messages; the second one (index 2) pinned."""
+    store = await PersistentContextManager.open(storage_path=storage, session_id=sid, segment_bytes=4096)
+    msgs = [{"role": "system", "content": "be brief"}]
+    msgs += [{"role": "user", "content": f"{sid} message {i} " + "s" * 300} for i in range(n)]
+    for m in msgs:
+        await store.add_message(m)
+    await store.pin(2)
+    await store.close()
+    return msgs
+
+
+def _log_records(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    manifest = load_manifest(folder, folder.name)
+    assert manifest is not None
+    for seg in manifest.segments:
+        out += [json.loads(line) for line in (folder / seg.name).read_bytes().splitlines()]
+    out += [json.loads(line) for line in (folder / "events.jsonl").read_bytes().splitlines()]
+    return out
+
+
+async def test_apply_expires_the_oldest_segments_and_keeps_prompt_and_pins(storage: Path) -> None:
+    msgs = await _with_prompt_and_pin(storage, "seg")
+    folder = storage / "seg"
+    manifest = load_manifest(folder, "seg")
     assert manifest is not None
     n = len(manifest.segments)
-    p = await trash.plan_file(storage, RetentionPolicy(max_segments=1))
-    assert [e.segment.name for e in p.segments] == [s.name for s in manifest.segments[:-1]]
+    gone = manifest.segments[:-1]
+    digests = {s.name: "sha256:" + hashlib.sha256((folder / s.name).read_bytes()).hexdigest() for s in gone}
     report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
-    assert report["trashed"] == [] and len(report["segments_kept"]) == n - 1
-    assert all(k["why"] == trash.SEGMENTS_NOT_APPLIED for k in report["segments_kept"])
-    assert _files(storage / "seg") == before
+    assert report["trashed"] == [] and report["segments_kept"] == []
+    [row] = report["segments_expired"]
+    last = gone[-1].last_seq
+    assert row["entry"] == "seg~1" and row["segments"] == [s.name for s in gone] and row["last_seq"] == last
+    # the files are in the trash entry, unchanged; the manifest starts at the first surviving segment
+    entry = storage / ".retention" / "trash" / "seg~1"
+    assert {p.name: "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() for p in entry.iterdir()} == digests
+    after = load_manifest(folder, "seg")
+    assert after is not None and after.boundary is not None and [s.name for s in after.segments] == [
+        manifest.segments[-1].name]
+    b = after.boundary
+    assert (b.last_seq, b.last_crc, b.start, b.last_segment) == (last, gone[-1].last_crc, gone[-1].end, n - 1)
+    assert not (folder / "checkpoint.json").exists()
+    records = _log_records(folder)
+    expired = records[-1]
+    assert expired["type"] == "expired" and expired["seq"] == b.expired_seq
+    assert [c["message"] for c in expired["data"]["carried"]] == [msgs[0], msgs[2]]
+    assert expired["data"]["segments"][0]["sha256"] == digests[gone[0].name]
+    # message i (index i + 1 after the prompt) was written at seq i + 3 (seq 1: session_started, 2: the prompt)
+    survivors = [m for i, m in enumerate(msgs[1:]) if i + 3 > last]
+    want = [msgs[0], msgs[2], *survivors]
+    for _ in range(2):  # without a checkpoint (seeded from the expired record), then with the one close wrote
+        store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+        assert await store.get_messages() == want
+        # the carried messages are read from the expired record (paged refs into it), never from the trash
+        items = store._s.full().messages.items
+        assert all(type(v) is int and v >> 20 == b.expired_position for v in items[:2])
+        await store.close()
+    # a ledger entry of kind "segments": restore is refused, purge deletes it
+    [listed] = await trash.list_trash(storage)
+    assert listed["kind"] == "segments" and listed["segments"] == [s.name for s in gone]
+    with pytest.raises(ValueError, match="cannot go back into the log"):
+        await trash.restore(storage, "seg~1")
+    out = await trash.purge(storage, ["seg~1"], force=True)
+    assert [p["entry"] for p in out["purged"]] == ["seg~1"] and not entry.exists()
     store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
-    assert await store.get_messages() == msgs
-    # a writer holds it: reported as live
-    live = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
-    assert [k["why"] for k in live["segments_kept"]] == ["live: a writer holds the session"] * (n - 1)
+    assert await store.get_messages() == want
     await store.close()
 
 
-def test_cli_plan_and_apply_show_segments(storage: Path, subprocess_env: dict[str, str]) -> None:
+async def test_a_second_expiry_carries_what_the_first_carried(storage: Path) -> None:
+    msgs = await _with_prompt_and_pin(storage, "seg")
+    await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg", segment_bytes=4096)
+    more = [{"role": "user", "content": f"later {i} " + "t" * 300} for i in range(40)]
+    for m in more:
+        await store.add_message(m)
+    want_before = await store.get_messages()
+    await store.close()
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert [r["entry"] for r in report["segments_expired"]] == ["seg~2"]
+    b = load_manifest(storage / "seg", "seg").boundary  # type: ignore[union-attr]
+    assert b is not None and b.last_seq == report["segments_expired"][0]["last_seq"]
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    got = await store.get_messages()
+    await store.close()
+    assert got[:2] == [msgs[0], msgs[2]]  # carried again: the first expired record is in the trash now
+    assert got[2:] == [m for m in want_before[2:] if m in got[2:]] and got[-1] == more[-1]
+
+
+async def test_a_live_session_keeps_its_segments(storage: Path) -> None:
+    await _with_prompt_and_pin(storage, "seg")
+    before = _files(storage / "seg")
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert report["segments_expired"] == [] and report["segments_kept"]
+    assert all(k["why"].startswith("live") for k in report["segments_kept"])
+    await store.close()
+    assert {k: v for k, v in _files(storage / "seg").items() if not k.startswith("checkpoint")} == {
+        k: v for k, v in before.items() if not k.startswith("checkpoint")}
+
+
+def test_cli_plan_and_apply_expire_segments(storage: Path, subprocess_env: dict[str, str]) -> None:
     asyncio.run(_segmented(storage, "seg"))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -160,9 +244,10 @@ def test_cli_plan_and_apply_show_segments(storage: Path, subprocess_env: dict[st
     out = cli("retention", "plan", "--max-segments", "1")
     assert out.returncode == 0, out.stderr
     assert "segment seg/segment-000001.jsonl" in out.stdout and "max_segments" in out.stdout
-    out = cli("retention", "apply", "--max-segments", "1", "--json")
-    assert out.returncode == 1, out.stderr  # selected segments were not expired: reported as a problem
-    report = json.loads(out.stdout)
-    assert report["segments_kept"][0]["segment"] == "segment-000001.jsonl"
+    out = cli("retention", "apply", "--max-segments", "1")
+    assert out.returncode == 0, out.stderr
+    assert "expired seg/segment-000001.jsonl" in out.stdout and "seg~1" in out.stdout
+    out = cli("trash", "restore", "seg~1")
+    assert out.returncode == 2 and "cannot go back into the log" in out.stderr
     out = cli("retention", "plan", "--max-segments", "-2")
     assert out.returncode == 2 and "-2" in out.stderr

@@ -52,8 +52,8 @@ def _print_plan(p: dict[str, Any]) -> list[str]:
         lines.append(f"  segment {e['session_id']}/{e['segment']}  (selected by {e['rule']}, but a writer holds the "
                      "session: kept)")
     if p.get("segments") or p.get("segments_live"):
-        lines.append(f"{len(p['segments'])} sealed segment(s) of kept sessions selected (apply does not expire "
-                     "segments yet: it reports them and exits 1)")
+        lines.append(f"{len(p['segments'])} sealed segment(s) of kept sessions to expire, "
+                     f"{len(p['segments_live'])} of live ones kept")
     return lines
 
 
@@ -101,11 +101,17 @@ def run_apply(args: argparse.Namespace) -> int:
                          f"{t['purge_after']})")
         for s in report["skipped"]:
             lines.append(f"kept {s['session_id']} (selected by {s['rule']}): {s['why']}")
+        for x in report.get("segments_expired", []):
+            for name in x["segments"]:
+                lines.append(f"expired {x['session_id']}/{name} -> {x['entry']}")
+            lines.append(f"  seqs {x['first_seq']}..{x['last_seq']} of {x['session_id']} ({x['bytes']} bytes; {x['rule']}; "
+                         f"purge after {x['purge_after']})")
         for k in report.get("segments_kept", []):
             lines.append(f"kept segment {k['session_id']}/{k['segment']} (selected by {k['rule']}): {k['why']}")
         lines.append(f"{len(report['trashed'])} session(s) moved to the trash, {len(report['skipped'])} skipped")
-        if report.get("segments_kept"):
-            lines.append(f"{len(report['segments_kept'])} sealed segment(s) selected and kept")
+        if report.get("segments_expired") or report.get("segments_kept"):
+            lines.append(f"{sum(len(x['segments']) for x in report['segments_expired'])} sealed segment(s) expired, "
+                         f"{len(report['segments_kept'])} selected and kept")
         print("\n".join(lines))
     return 1 if report["skipped"] or report.get("segments_kept") else 0
 
