@@ -37,7 +37,8 @@ from .segment_store import _step
 from .segments import Boundary, Manifest, SEGMENT_PREFIX, write_manifest
 
 #: Kill points of the crash tests, in order (``CONTEXT_PERSISTENT_CRASH_AT``).
-STEPS = ("expire-ledger", "expire-recorded", "expire-checkpoint", "expire-manifest", "expire-moved")
+STEPS = ("expire-ledger", "expire-recorded", "expire-checkpoint", "expire-manifest", "expire-file-moved",
+         "expire-moved")
 
 
 def _number(name: str) -> int:

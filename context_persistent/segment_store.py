@@ -34,7 +34,7 @@ TMP = ".tmp"
 #: Names of the points where a crash test may stop the writer (``CONTEXT_PERSISTENT_CRASH_AT=<name>``).
 STEPS = ("roll-manifest", "roll-renamed", "roll-created", "compress-written", "compress-manifest",
          "compress-renamed", "replace-written", "replace-manifest", "replace-renamed", "migrate-written",
-         "migrate-manifest")
+         "migrate-manifest", "expire-file-moved")
 CRASH_ENV = "CONTEXT_PERSISTENT_CRASH_AT"
 #: The new active segment an erase writes (erasure.py) before its commit.
 ACTIVE_ERASING = LOG_NAME + ".erasing"
@@ -104,7 +104,9 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
                     fsync_dir(dest.parent)
                 os.rename(directory / name, dest / name)
                 fsync_dir(dest)
+                fsync_dir(directory)
                 actions.append(f"moved {name} into the trash entry {entry} (expired by retention)")
+                _step("expire-file-moved")
         elif op == "remove":
             name = p["name"]
             if _exists(directory, name):
