@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON
-from context_persistent import LogCorruptedError, PersistentContextManager, trash
+from context_persistent import LogCorruptedError, PersistentContextManager, RecordsExpiredError, trash
+from context_persistent.repair import verify
 from context_persistent.retention import RetentionPolicy, SegmentInfo, SessionInfo, plan, plan_segments
-from context_persistent.segments import load_manifest
+from context_persistent.segments import LogReader, ManifestError, load_manifest, read_line_at
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -251,3 +252,61 @@ def test_cli_plan_and_apply_expire_segments(storage: Path, subprocess_env: dict[
     assert out.returncode == 2 and "cannot go back into the log" in out.stderr
     out = cli("retention", "plan", "--max-segments", "-2")
     assert out.returncode == 2 and "-2" in out.stderr
+
+
+async def test_reads_of_an_expired_session_work_on_what_is_left(storage: Path, tmp_path: Path) -> None:
+    msgs = await _with_prompt_and_pin(storage, "seg")
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    [row] = report["segments_expired"]
+    b = load_manifest(storage / "seg", "seg").boundary  # type: ignore[union-attr]
+    assert b is not None
+    # verify: clean, the chain checked from the boundary; it says what expired
+    r = verify(storage / "seg", "seg")
+    assert r.ok and r.first_seq == row["last_seq"] + 1 and r.gaps == [] and r.expired == {
+        "last_seq": b.last_seq, "expired_seq": b.expired_seq, "start": b.start}
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    want = await store.get_messages()
+    # time travel: from the expired record on; before it, a clear error
+    past = await store.at(b.expired_seq)
+    assert await past.get_messages() == want
+    await past.close()
+    with pytest.raises(RecordsExpiredError, match=f"the state at seq 5 .*seqs 1..{b.last_seq},"):
+        await store.at(5)
+    with pytest.raises(RecordsExpiredError):
+        await store.fork("other", at_seq=b.expired_seq - 1)
+    await store.fork("other")
+    await store.export(tmp_path / "out.jsonl")
+    await store.close()
+    assert "be brief" in (tmp_path / "out.jsonl").read_text()  # the carried system prompt is exported
+    other = await PersistentContextManager.open(storage_path=storage, session_id="other")
+    assert await other.get_messages() == want
+    await other.close()
+    with pytest.raises(RecordsExpiredError, match="position 0"):
+        read_line_at(storage / "seg", 0)
+    assert json.loads(read_line_at(storage / "seg", b.start))["seq"] == b.last_seq + 1
+    with LogReader(storage / "seg") as reader:
+        assert [json.loads(line)["seq"] for _, line in reader.lines(0)][0] == b.last_seq + 1
+
+
+async def test_a_manifest_boundary_is_checked(storage: Path) -> None:
+    await _with_prompt_and_pin(storage, "seg")
+    await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    path = storage / "seg" / "segments.json"
+    doc = json.loads(path.read_bytes())
+    for change, words in ((lambda d: d["boundary"].update(start=d["boundary"]["start"] + 1), "the recorded boundary"),
+                          (lambda d: d["boundary"].update(last_crc="xyz"), "'last_crc' must match"),
+                          (lambda d: d.pop("boundary"), "it must start at 0")):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        os.chmod(path, 0o600)
+        path.write_bytes(json.dumps(bad).encode())
+        with pytest.raises(ManifestError, match=words):
+            load_manifest(storage / "seg", "seg")
+    path.write_bytes(json.dumps(doc).encode())
+    # an expired record that is not the one the boundary names is corruption, never skipped
+    bad = json.loads(json.dumps(doc))
+    bad["boundary"]["expired_position"] = bad["boundary"]["start"]
+    path.write_bytes(json.dumps(bad).encode())
+    with pytest.raises(LogCorruptedError, match="not the expired record the segment manifest names"):
+        await PersistentContextManager.open(storage_path=storage, session_id="seg", readonly=True)
+    path.write_bytes(json.dumps(doc).encode())
