@@ -136,7 +136,9 @@ def run_list(args: argparse.Namespace) -> int:
         print("the trash is empty")
         return 0
     for r in rows:
-        print(f"{r['entry']}  {r['state']}  trashed {r['trashed_at']}  purge after {r['purge_after']}  "
+        what = (f"  segments of {r['session_id']}, seqs {r['first_seq']}..{r['last_seq']} (not restorable)"
+                if r.get("kind") == "segments" else "")
+        print(f"{r['entry']}  {r['state']}{what}  trashed {r['trashed_at']}  purge after {r['purge_after']}  "
               f"{r['bytes']} bytes  {r['rule']}: {r['reason']}")
     return 0
 
