@@ -10,7 +10,7 @@ with nothing acknowledged lost and no half-expired view (docs/operations.md, "Re
    files are gone yet;
 3. the session's checkpoint is deleted (it may refer to records in the expired segments);
 4. the manifest is rewritten: it lists the surviving segments only, records the boundary (the last expired
-   seq and crc, where the first surviving record starts, the ``expired`` record's seq and position) and, as
+   seq and crc, where the first surviving record starts, the ``expired`` record's seq) and, as
    pending steps, the moves of the expired files (the commit point for the files);
 5. the files are moved into ``.retention/trash/<entry>/`` and the manifest is written without the steps.
 
@@ -89,8 +89,8 @@ def discard_checkpoint(directory: Path) -> None:
         fsync_dir(directory)
 
 
-def commit_and_move(log: FileEventLog, storage: Path, entry: str, rec: dict[str, Any], position: int) -> Manifest:
-    """Steps 3-5 for the ``expired`` record ``rec`` at ``position`` (already durable in the log)."""
+def commit_and_move(log: FileEventLog, storage: Path, entry: str, rec: dict[str, Any]) -> Manifest:
+    """Steps 3-5 for the ``expired`` record ``rec`` (already durable in the log)."""
     directory = log.directory
     data = rec["data"]
     discard_checkpoint(directory)
@@ -105,8 +105,7 @@ def commit_and_move(log: FileEventLog, storage: Path, entry: str, rec: dict[str,
                                 f"the expired record seq {rec['seq']} names segments {', '.join(names)}, which are "
                                 "not the oldest ones the manifest lists; nothing was moved")
     start = left[0].start if left else manifest.base
-    boundary = Boundary(data["last_seq"], data["boundary_crc"], start, rec["seq"], position,
-                        max(_number(s.name) for s in gone))
+    boundary = Boundary(data["last_seq"], data["boundary_crc"], start, rec["seq"], max(_number(s.name) for s in gone))
     pending = tuple({"op": "expire", "name": s.file, "entry": entry} for s in gone)
     write_manifest(directory, manifest.with_boundary(boundary, left, pending))  # the commit point for the files
     _step("expire-manifest")
@@ -162,12 +161,11 @@ async def expire(storage: Path, ledger: Any, session_id: str, picked: list[Segme
                             rule=rule, reason=reason, policy=policy.as_dict(), expired_at=now.isoformat())
         data["entry"] = entry
         seq = log.last_seq + 1
-        position = log.position
         line = codec.encode_event(seq, "expired", data, prev=log.last_crc or codec.root_crc(session_id))
         await log.append((line,), seq)
         _step("expire-recorded")
         make_private_dirs(Path(storage) / ".retention" / "trash")
-        commit_and_move(log, storage, entry, codec.decode(line), position)
+        commit_and_move(log, storage, entry, codec.decode(line))
         return ledger_data
     finally:
         await log.close()

@@ -264,7 +264,7 @@ def replace_segments(directory: Path, manifest: Manifest, new_data: dict[int, by
     complete, fsynced temp file, in one commit (the manifest). Compressed segments are re-compressed."""
     segments = list(manifest.segments)
     pending: list[dict[str, str]] = []
-    pos = 0
+    pos = manifest.start  # (0, or where the log begins after expired segments)
     for index, seg in enumerate(segments):  # a new size moves the byte ranges of the segments after it
         size = len(new_data[index]) if index in new_data else seg.size
         segments[index] = replace(seg, start=pos, end=pos + size)

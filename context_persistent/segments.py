@@ -112,21 +112,19 @@ class Boundary:
     """Where a log begins after its oldest sealed segments expired (segment retention): every record up to
     ``last_seq`` (whose crc is ``last_crc``, the ``prev`` of the first record left) is gone, the first record
     left starts at global position ``start`` (positions stay what they were), ``expired_seq`` is the seq of the
-    ``expired`` record that describes them and ``expired_position`` where it starts (an open without a
-    checkpoint seeds its state from it), and ``last_segment`` the number of the last expired segment (new
-    segment names continue after it)."""
+    ``expired`` record that describes them (an open without a checkpoint seeds its state from it: found by its
+    seq, since an erasure may move byte positions after the boundary), and ``last_segment`` the number of the
+    last expired segment (new segment names continue after it)."""
 
     last_seq: int
     last_crc: str
     start: int
     expired_seq: int
-    expired_position: int
     last_segment: int
 
     def to_json(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq, "last_crc": self.last_crc, "start": self.start,
-                "expired_seq": self.expired_seq, "expired_position": self.expired_position,
-                "last_segment": self.last_segment}
+                "expired_seq": self.expired_seq, "last_segment": self.last_segment}
 
 
 @dataclass(frozen=True)
@@ -271,11 +269,10 @@ def _boundary(raw: Any, path: Path) -> Boundary | None:
     where = "the boundary"
     b = Boundary(_int(raw, "last_seq", where, path), _str(raw, "last_crc", where, path, _CRC_RE),
                  _int(raw, "start", where, path), _int(raw, "expired_seq", where, path),
-                 _int(raw, "expired_position", where, path), _int(raw, "last_segment", where, path))
-    if (b.last_seq < 1 or b.start < 1 or b.expired_seq <= b.last_seq or b.expired_position < b.start
-            or b.last_segment < 1):
+                 _int(raw, "last_segment", where, path))
+    if b.last_seq < 1 or b.start < 1 or b.expired_seq <= b.last_seq or b.last_segment < 1:
         raise ManifestError(path, f"the boundary {raw!r} must name seqs >= 1 with expired_seq after last_seq, "
-                                  "a start > 0, an expired_position at or after it and a last_segment >= 1")
+                                  "a start > 0 and a last_segment >= 1")
     return b
 
 
@@ -650,6 +647,20 @@ class LogReader:
             carry_at += start
         if carry:
             yield carry_at, carry
+
+    def find_seq(self, seq: int) -> tuple[int, bytes] | None:
+        """``(global position, line)`` of the record ``seq``, reading only the segment whose seq range holds it
+        (the active one after the last); None if no line there has that seq. Lines are not verified here."""
+        start, end = self.base, None
+        for s in self.manifest.segments:
+            if s.first_seq <= seq <= s.last_seq:
+                start, end = s.start, s.end
+                break
+        needle = b'"seq":%d,' % seq
+        for at, line in self.lines(start, end):
+            if line[:40].find(needle) >= 0:
+                return at, line
+        return None
 
     def read_line_at(self, position: int) -> bytes:
         """The record line (with its newline) that starts at global ``position``.

@@ -384,7 +384,7 @@ async def _reconcile_segments(ledger: Ledger, entry: Entry) -> list[dict[str, An
                                                                "the session was not changed"})
             return [{"entry": entry.name, "action": "segment expiry cancelled (interrupted before its record)"}]
         make_private_dirs(trash_dir(ledger.storage))
-        commit_and_move(log, ledger.storage, entry.name, *found)
+        commit_and_move(log, ledger.storage, entry.name, found[0])
         return [{"entry": entry.name, "action": "segment expiry finished (manifest and files)"}]
     finally:
         await log.close()

@@ -189,7 +189,10 @@ async def test_apply_expires_the_oldest_segments_and_keeps_prompt_and_pins(stora
         assert await store.get_messages() == want
         # the carried messages are read from the expired record (paged refs into it), never from the trash
         items = store._s.full().messages.items
-        assert all(type(v) is int and v >> 20 == b.expired_position for v in items[:2])
+        with LogReader(folder) as reader:
+            found = reader.find_seq(b.expired_seq)
+        assert found is not None
+        assert all(type(v) is int and v >> 20 == found[0] for v in items[:2])
         await store.close()
     # a ledger entry of kind "segments": restore is refused, purge deletes it
     [listed] = await trash.list_trash(storage)
@@ -305,8 +308,31 @@ async def test_a_manifest_boundary_is_checked(storage: Path) -> None:
     path.write_bytes(json.dumps(doc).encode())
     # an expired record that is not the one the boundary names is corruption, never skipped
     bad = json.loads(json.dumps(doc))
-    bad["boundary"]["expired_position"] = bad["boundary"]["start"]
+    bad["boundary"]["expired_seq"] = bad["boundary"]["last_seq"] + 1
     path.write_bytes(json.dumps(bad).encode())
     with pytest.raises(LogCorruptedError, match="not the expired record the segment manifest names"):
         await PersistentContextManager.open(storage_path=storage, session_id="seg", readonly=True)
     path.write_bytes(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+async def test_erase_after_expiry(storage: Path, keep: int) -> None:
+    """Erasure rewrites surviving records (positions after the boundary may move: the expired record is found
+    by its seq); a carried message cannot be erased, with a message saying why and what to do."""
+    msgs = await _with_prompt_and_pin(storage, "seg", 40)
+    await trash.apply_file(storage, RetentionPolicy(max_segments=keep))
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg", segment_bytes=4096)
+    for i in range(30):
+        await store.add_message({"role": "user", "content": f"more {i} " + "y" * 300})
+    before = await store.get_messages()
+    receipt = await store.erase(5)
+    assert await store.verify_erasure(receipt) == []
+    with pytest.raises(ValueError, match="expired with the oldest log segments .* unpin it"):
+        await store.erase(1)  # the pinned message, carried by the expired record
+    want = before[:5] + before[6:]
+    assert await store.get_messages() == want and want[:2] == [msgs[0], msgs[2]]
+    await store.close()
+    assert verify(storage / "seg", "seg").ok
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    assert await store.get_messages() == want
+    await store.close()

@@ -87,21 +87,25 @@ def seed_state(log: Any, pager: Any) -> Projection:
     from ..errors import LogCorruptedError
 
     with log.reader() as reader:
-        line = reader.read_line_at(boundary.expired_position)
+        found = reader.find_seq(boundary.expired_seq)
+        if found is None:
+            raise LogCorruptedError(str(reader.directory), 0, boundary.start, f"the log holds no record seq "
+                                    f"{boundary.expired_seq}, the expired record the segment manifest names")
+        position, line = found
         try:
             rec = codec.decode(line)
         except codec.RecordError as e:
-            path, offset = reader.where(boundary.expired_position)
+            path, offset = reader.where(position)
             raise LogCorruptedError(str(path), 0, offset, f"the expired record the segment manifest names does not "
                                     f"decode ({e})") from None
         data = rec.get("data")
-        if (rec["seq"] != boundary.expired_seq or rec["type"] != "expired" or not isinstance(data, dict)
+        if (rec["type"] != "expired" or not isinstance(data, dict)
                 or data.get("last_seq") != boundary.last_seq or data.get("boundary_crc") != boundary.last_crc):
-            path, offset = reader.where(boundary.expired_position)
+            path, offset = reader.where(position)
             raise LogCorruptedError(str(path), 0, offset, f"the record here (seq {rec['seq']}, {rec['type']}) is not "
                                     f"the expired record the segment manifest names (seq {boundary.expired_seq}, "
                                     f"up to seq {boundary.last_seq}, crc {boundary.last_crc})")
-    return Projection.seeded(data, pager, boundary.expired_position)
+    return Projection.seeded(data, pager, position)
 
 
 class Checkpointer:
