@@ -4,7 +4,8 @@ A policy is checked once (:meth:`RetentionPolicy.from_config`, a ValueError nami
 then evaluated by :func:`plan` over a description of the sessions (:class:`SessionInfo`: last activity, size,
 whether a writer holds it). The plan says, for every session that a rule selects, which rule and why; the
 I/O that moves expired sessions to the trash and records them in the ledger is in ``trash.py`` (file
-backend) and ``pg/retention.py`` (PostgreSQL). docs/operations.md, "Retention".
+backend) and ``pg/retention.py`` (PostgreSQL); expiring the oldest sealed segments of a kept session
+(:func:`plan_segments` selects them) is in ``segment_expiry.py``. docs/operations.md, "Retention".
 """
 
 from __future__ import annotations
