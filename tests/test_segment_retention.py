@@ -17,7 +17,7 @@ import pytest
 
 from conftest import PYTHON
 from context_persistent import LogCorruptedError, PersistentContextManager, RecordsExpiredError, trash
-from context_persistent.repair import verify
+from context_persistent.repair import repair, verify
 from context_persistent.retention import RetentionPolicy, SegmentInfo, SessionInfo, plan, plan_segments
 from context_persistent.segments import LogReader, ManifestError, load_manifest, read_line_at
 
@@ -336,3 +336,26 @@ async def test_erase_after_expiry(storage: Path, keep: int) -> None:
     store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
     assert await store.get_messages() == want
     await store.close()
+
+
+async def test_repair_after_expiry_sees_no_gap(storage: Path) -> None:
+    """The records before the boundary are expired, not missing: repair finds nothing to do; a damaged record
+    after the boundary is still found and quarantined, the boundary kept."""
+    await _with_prompt_and_pin(storage, "seg")
+    await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    result = repair(storage / "seg", "seg")
+    assert not result.changed and result.gaps == []
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    want = await store.get_messages()
+    await store.add_message({"role": "user", "content": "last"})
+    await store.close()
+    active = storage / "seg" / "events.jsonl"
+    data = active.read_bytes()
+    active.write_bytes(data[:-3] + b"x}\n")  # the last record's checksum no longer holds
+    result = repair(storage / "seg", "seg")
+    assert result.changed and len(result.quarantined) == 1
+    assert load_manifest(storage / "seg", "seg").boundary is not None  # type: ignore[union-attr]
+    store = await PersistentContextManager.open(storage_path=storage, session_id="seg")
+    assert await store.get_messages() == want
+    await store.close()
+    assert verify(storage / "seg", "seg").ok
