@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .appends import Appends
 from .edits import HistoryEdits
 from .log import FileEventLog
-from .projection import MAX_BATCH, Projection, split_key
+from .projection import MAX_BATCH, split_key
 from .session import Session
 from .writer import Writer
 
@@ -76,7 +76,7 @@ class Eraser:
         checkpoints.seq = checkpoints.position = checkpoints.loaded_seq = checkpoints.counted = 0
         if s.pager is not None:
             s.pager.clear()  # (records were rewritten in place: nothing cached from them may be served)
-        s.state = await checkpoints._replay(s.log, Projection(s.pager), 0, None)
+        s.state = await checkpoints._replay(s.log, checkpoints.fresh(s.log), 0, None)
         s.epoch += 1
         self._forget()
         logger.info("session %s: erased the message at seq %d index %d (%d record(s))", s.session_id, seq, index,

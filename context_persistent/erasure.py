@@ -259,7 +259,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     path: Path = log.path
     directory: Path = log.directory
     size = log.size
-    segmented = log.manifest is not None and bool(log.manifest.segments)
+    segmented = log.manifest is not None and (bool(log.manifest.segments) or log.manifest.boundary is not None)
     if segmented:
         end = log.position
 
@@ -268,6 +268,12 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     else:
         def records() -> Any:
             return _scan_file(path, size)
+    boundary = log.manifest.boundary if log.manifest is not None else None
+    if boundary is not None and seq <= boundary.last_seq:
+        raise ValueError(f"seq {seq} expired with the oldest log segments (seqs 1..{boundary.last_seq}); its "
+                         f"message is kept as a copy inside the expired record (seq {boundary.expired_seq}), which "
+                         "erase cannot rewrite: unpin it so that it leaves the next expiry, and purge the trash "
+                         "entry holding the expired segments (`context-persistent trash list`)")
     message = find_target((r for r, *_ in records()), seq, index)
     needle = codec.dumps(message)
     digest = sha256(needle)

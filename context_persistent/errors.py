@@ -160,3 +160,16 @@ class SessionTrashedError(ContextPersistentError):
 
 class LedgerError(ContextPersistentError):
     """The retention ledger holds a record that is not a valid ledger record, or disagrees with the trash."""
+
+
+class RecordsExpiredError(ContextPersistentError, LookupError):
+    """A read asked for a record, position or seq that segment retention expired: the oldest sealed segments
+    of the session's log went to the trash, recorded by an ``expired`` record (docs/format.md, "Segment
+    retention"). ``last_seq`` is the last expired seq, ``start`` the position of the first record left."""
+
+    def __init__(self, where: str, asked: str, last_seq: int, start: int, expired_seq: int) -> None:
+        self.last_seq, self.start, self.expired_seq = last_seq, start, expired_seq
+        super().__init__(
+            f"{where}: {asked} was expired by retention (seqs 1..{last_seq}, bytes before position {start}, are "
+            f"no longer in the log; the `expired` record at seq {expired_seq} says which segments, why and when; "
+            f"they stay in the trash until purged: `context-persistent trash list`)")

@@ -320,7 +320,7 @@ class FileEventLog:
             except FileNotFoundError:
                 raise SessionNotFoundError(f"session {session_id!r} not found: no {self.path}") from None
             self.existed = True
-            if self._reader.segments:
+            if self._reader.segments or self._reader.manifest.boundary is not None:
                 self.manifest = self._reader.manifest
             self.base = self._reader.base
             self.size = self._reader.active_size()  # a consistent prefix: what was there at open
@@ -448,6 +448,11 @@ class FileEventLog:
         # the seq gap it sits on (``log_repaired`` comes after the breaks it explains: checked at the end).
         links = codec.Links(self.session_id, None if anchor is None else anchor["crc"],
                             anchor is not None and anchor.get("prev") is not None)
+        boundary = self.manifest.boundary if self.manifest is not None else None
+        if anchor is None and boundary is not None:  # the oldest segments expired: the log begins after them
+            start, last = boundary.start, boundary.last_seq
+            end = start
+            links = codec.Links(self.session_id, boundary.last_crc, True)
         breaks: list[tuple[int, int, int, str]] = []
         explained: set[tuple[int, int]] = set()
         spans: list[tuple[int, int]] = []

@@ -44,6 +44,11 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
         return None
     if rec.get("type") == "message_added":
         return data.get("message") if index == 0 else None
+    if rec.get("type") == "expired":  # a message it carries: ``carried[index]`` (segment retention)
+        carried = data.get("carried")
+        if isinstance(carried, list) and 0 <= index < len(carried) and isinstance(carried[index], dict):
+            return carried[index].get("message")
+        return None
     items = data.get("messages")
     if isinstance(items, list) and 0 <= index < len(items):
         return items[index]

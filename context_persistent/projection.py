@@ -468,7 +468,7 @@ class Projection:
         elif kind == ev.ERASED:
             self._apply_erased(seq, data, position, length)
         elif kind == ev.EXPIRED:
-            self._apply_expired(seq, data)
+            self._apply_expired(seq, data, position, length)
         elif kind == ev.SESSION_STARTED:
             self.session = dict(data)
         elif kind in ev.EVENT_TYPES:
@@ -561,52 +561,81 @@ class Projection:
                              "system_prompt_set record")
         self.has_history = True
 
-    def _apply_expired(self, seq: int, data: dict[str, Any]) -> None:
+    def _apply_expired(self, seq: int, data: dict[str, Any], position: int | None = None, length: int = 0) -> None:
         """``expired`` (segment retention, retention.py): the records ``first_seq..last_seq`` left the log. The
         messages they added leave every view, except those it carries (the system prompt and the pinned
-        messages when it was written), which stay where they are. A replay that starts after the expired range
-        begins from :meth:`seeded` (placeholders, negative keys, stand where the other messages were, so that
-        the records in between fold as they did); this record then drops the placeholders, and both ways end
-        in the same state."""
+        messages when it was written), which stay where they are, from now on read from the copies inside this
+        record (a paged history's refs point into this record, never into the expired segments). A replay that
+        starts after the expired range begins from :meth:`seeded` (placeholders, negative keys, stand where the
+        other messages were, so that the records in between fold as they did); this record then drops the
+        placeholders, and both ways end in the same state."""
         lo, hi = expired_range(data, seq)
-        carried = {c["key"] for c in data["carried"]}
-        if any(type(k) is not int or not lo <= split_key(k)[0] <= hi for k in carried):
-            raise ValueError("data.carried keys must be integers of messages the expired records added")
+        copies = {c["key"]: j for j, c in enumerate(data["carried"])}
+        if any(type(k) is not int or not 1 <= split_key(k)[0] <= hi for k in copies):
+            raise ValueError("data.carried keys must be integers of messages the expired records (or earlier "
+                             "expired ones) added")
         low, high = make_key(lo), make_key(hi, MAX_BATCH - 1)
 
         def stays(k: int) -> bool:
-            return k >= 0 and (not low <= k <= high or k in carried)
+            return k >= 0 and (not low <= k <= high or k in copies)
 
-        keep = [i for i, k in enumerate(self.keys) if stays(k)]
-        if len(keep) != len(self.keys):
-            self.messages = [self.messages[i] for i in keep]
-            self.keys = [self.keys[i] for i in keep]
+        messages: Any = self.messages
+        if type(messages) is LazyList:
+            messages = messages._all()
+        items = raw_items(messages)
+        keys = self.keys
+        keep = [i for i, k in enumerate(keys) if stays(k)]
+        new = [items[i] for i in keep]
+        pager = self.pager if type(messages) is PagedList else None
+        share = max(1, length // max(1, len(copies)))
+        for n, i in enumerate(keep):
+            j = copies.get(keys[i])
+            if j is None:
+                continue
+            if pager is not None and position is not None:
+                ref = (position << INDEX_BITS) | j
+                pager.put(ref, data["carried"][j]["message"], share)
+                new[n] = ref
+            elif pager is None:
+                new[n] = data["carried"][j]["message"]
+        self.messages = self._paged(new) if pager is not None else new
+        if len(keep) != len(keys):
+            self.keys = [keys[i] for i in keep]
             self.tokens = [self.tokens[i] for i in keep]
         self.pinned = {k for k in self.pinned if stays(k)}
         self.removed.append((low, high))
 
     @classmethod
-    def seeded(cls, data: dict[str, Any]) -> "Projection":
+    def seeded(cls, data: dict[str, Any], pager: Pager | None = None, position: int | None = None) -> "Projection":
         """The state a replay starts from when the log begins after an ``expired`` record's range: the carried
         messages where they were at the end of the range, a placeholder for each run of the others
-        (``layout``), the pins of carried messages then, and the session's ``session_started`` data."""
+        (``layout``), the pins of carried messages then, and the session's ``session_started`` data. With a
+        ``pager`` and the record's ``position``, the carried messages are refs into the record."""
         lo, hi = expired_range(data, None)
-        carried = {c["key"]: c["message"] for c in data["carried"]}
-        p = cls()
+        carried = {c["key"]: (j, c["message"]) for j, c in enumerate(data["carried"])}
+        p = cls(pager) if pager is not None else cls()
+        items: list[Any] = []
         for item in data["layout"]:
             if "key" in item:
                 key = item["key"]
-                p.messages.append(carried[key])
+                j, message = carried[key]
+                items.append(message if pager is None or position is None else (position << INDEX_BITS) | j)
                 p.keys.append(key)
             else:
                 run = item["run"]
                 if run not in ("system", "other"):
                     raise ValueError(f"data.layout run is {run!r}, not 'system' or 'other'")
-                p.messages.append({"role": "system" if run == "system" else "user", "content": None})
+                items.append({"role": "system" if run == "system" else "user", "content": None})
                 p.keys.append(-1)
             p.tokens.append(None)
         if {k for k in p.keys if k >= 0} != set(carried):
             raise ValueError("data.layout does not place every carried message exactly once")
+        if pager is not None and position is not None:
+            for key, (j, message) in carried.items():
+                pager.put((position << INDEX_BITS) | j, message, 1)
+            p.messages = p._paged(items)
+        else:
+            p.messages = items
         p.pinned = {k for k in data["pinned"] if k in carried}
         p.head_seq = hi
         p.has_history = bool(data["layout"])

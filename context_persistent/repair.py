@@ -139,6 +139,8 @@ class Report:
     semantic: list[Finding] = field(default_factory=list)
     #: The sealed segments' files, in order (empty for a single-file log); each was checked (check_segments).
     segments: list[str] = field(default_factory=list)
+    #: When the oldest segments expired (segment retention): ``{last_seq, expired_seq, start}``, else None.
+    expired: dict[str, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -213,6 +215,21 @@ def check_segments(reader: LogReader) -> list[Problem]:
     return problems
 
 
+def _after_expiry(reader: LogReader, directory: Path, session_id: str) -> tuple[Projection | None,
+                                                                              tuple[int, str] | None]:
+    """When the log's oldest segments expired (segment retention): the state to fold from (seeded from the
+    ``expired`` record) and ``(last_seq, last_crc)`` the chain continues from; else ``(None, None)``."""
+    boundary = reader.manifest.boundary
+    if boundary is None:
+        return None, None
+    from types import SimpleNamespace
+
+    from .checkpoint.policy import seed_state
+
+    at = SimpleNamespace(manifest=reader.manifest, reader=lambda: LogReader(directory, session_id))
+    return seed_state(at, MessageReader(directory)), (boundary.last_seq, boundary.last_crc)
+
+
 def _lines(path: Path, size: int) -> Iterator[tuple[int, int, bytes]]:
     """``(line number, offset, bytes)`` of each line within the first ``size`` bytes."""
     with open(path, "rb") as f:
@@ -233,7 +250,8 @@ class _Walk:
     def __init__(self, path: Path, size: int, keep: Callable[[bytes], None] | None = None,
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
                  progress: Callable[[int, int], None] | None = None, session_id: str = "",
-                 lines: Iterator[tuple[int, int, bytes]] | None = None, paged: bool = True) -> None:
+                 lines: Iterator[tuple[int, int, bytes]] | None = None, paged: bool = True,
+                 seed: Projection | None = None, after: tuple[int, str] | None = None) -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
         self.lines = lines if lines is not None else _lines(path, size)
         self.root = codec.root_crc(session_id).decode()
@@ -243,10 +261,15 @@ class _Walk:
         self.progress = progress
         # (paged: messages stay refs into this log, read back only to compare, so memory stays bounded; a repair,
         # which replaces the log, holds them instead)
-        self.state = Projection(MessageReader(path.parent) if paged else None) if fold else None
+        self.state = (seed if seed is not None else Projection(MessageReader(path.parent) if paged else None)
+                      ) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None
+        #: ``(last_seq, last_crc)`` of the expired records before the log's first one (segment retention).
+        self.after = after
+        if after is not None:
+            self.last_seq, self.last_crc, self.chained = after[0], after[1], True
         self.problems: list[Problem] = []
         self.bad: list[tuple[Problem, bytes]] = []  # every bad piece with its bytes (for the quarantine)
         self._pending: list[tuple[Problem, bytes]] = []  # bad pieces no valid record has followed yet
@@ -307,7 +330,9 @@ class _Walk:
         else:
             broken = prev != (self.last_crc if self.records else self.root)
             self.chained = True
-        if broken and self.records == 0:
+        if prev is not None and self.records == 0 and self.after is not None:
+            broken = prev != self.after[1]  # (the first record left names the last expired one)
+        if broken and self.records == 0 and self.after is None:
             if seq > 1:  # the log's first records are missing: a gap from seq 0 (reported, recorded by repair)
                 self.gaps.append(Gap(0, seq))
             else:
@@ -316,7 +341,7 @@ class _Walk:
                                         "id (a renamed or copied session folder?); give the folder its original "
                                         "name")
             broken = False
-        gap = self.records > 0 and seq > self.last_seq + 1
+        gap = (self.records > 0 or self.after is not None) and seq > self.last_seq + 1
         if broken and prev in self.foreign:  # it chains onto a foreign record: foreign too (a spliced run)
             gap = False
         if broken and not gap:
@@ -365,7 +390,7 @@ class _Walk:
             return
         if self.records == 0:
             self.first_seq, self.first_crc = seq, rec.get("crc")
-        elif seq > self.last_seq + 1:
+        if (self.records or self.after is not None) and seq > self.last_seq + 1:
             self.gaps.append(Gap(self.last_seq, seq, corrupt=corrupt_before))
         self.last_seq = seq
         self.records += 1
@@ -514,9 +539,12 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
         size = reader.end()  # a writer may append meanwhile: we check what was there when we started
         segment_problems = check_segments(reader)
         status, on_record, finish = _check_checkpoint(directory, session_id)
-        lines = _reader_lines(reader, size, segment_problems) if reader.segments else None
+        boundary = reader.manifest.boundary
+        lines = (_reader_lines(reader, size, segment_problems) if reader.segments or boundary is not None
+                 else None)
+        seed, after = _after_expiry(reader, directory, session_id)
         walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id,
-                     lines=lines).run()
+                     lines=lines, seed=seed, after=after).run()
         walk.problems[:0] = segment_problems
         segment_files = [seg.file for seg in reader.segments]
     finish(walk)
@@ -531,7 +559,9 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
                 if f.problem:
                     f.problem = False
                     f.detail += " (the history has bad records above: check again after `repair`)"
-    return Report(session_id=session_id, path=str(path), size=size, records=walk.records,
+    expired = None if boundary is None else {"last_seq": boundary.last_seq, "expired_seq": boundary.expired_seq,
+                                             "start": boundary.start}
+    return Report(session_id=session_id, path=str(path), size=size, records=walk.records, expired=expired,
                   first_seq=walk.first_seq, last_seq=walk.last_seq, problems=walk.problems, gaps=walk.gaps,
                   checkpoint=status, side_files=side_files(directory), writer_pid=pid, semantic=findings,
                   segments=segment_files)
@@ -630,8 +660,9 @@ def _segmented_walk(directory: Path, session_id: str, out: Callable[[bytes], Non
             if at[0] >= base:
                 out(raw)
 
+        seed, after = _after_expiry(reader, directory, session_id)
         walk = _Walk(directory / LOG_NAME, size, keep=keep, fold=True, on_record=on_record, progress=progress,
-                     session_id=session_id, lines=lines()).run()
+                     session_id=session_id, lines=lines(), seed=seed, after=after).run()
     for p in segment_problems:
         walk.problems.insert(0, p)
     for p, _ in walk.bad:

@@ -4,7 +4,8 @@ A policy is checked once (:meth:`RetentionPolicy.from_config`, a ValueError nami
 then evaluated by :func:`plan` over a description of the sessions (:class:`SessionInfo`: last activity, size,
 whether a writer holds it). The plan says, for every session that a rule selects, which rule and why; the
 I/O that moves expired sessions to the trash and records them in the ledger is in ``trash.py`` (file
-backend) and ``pg/retention.py`` (PostgreSQL). docs/operations.md, "Retention".
+backend) and ``pg/retention.py`` (PostgreSQL); expiring the oldest sealed segments of a kept session
+(:func:`plan_segments` selects them) is in ``segment_expiry.py``. docs/operations.md, "Retention".
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 from .errors import LedgerError
 
 #: The keys a ``retention`` configuration takes (docs/configuration.md).
-POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "grace_days", "apply_on_open")
+POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "max_segments", "grace_days", "apply_on_open")
 #: The rules, in the order they are checked (a session selected by several is reported under the first).
 RULES = ("max_age_days", "max_sessions", "max_bytes")
+#: The rules over the sealed segments of a kept session, in the order they are checked.
+SEGMENT_RULES = ("max_age_days", "max_segments")
 DEFAULT_GRACE_DAYS = 7.0
 
 
@@ -38,13 +41,16 @@ def _number(config: dict[str, Any], key: str, *, integer: bool, minimum: float) 
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """What expires: sessions idle longer than ``max_age_days``; beyond the newest ``max_sessions``; the
-    oldest while the store holds more than ``max_bytes``. ``None`` means no limit of that kind. Expired
+    oldest while the store holds more than ``max_bytes``. Of a kept session's sealed log segments: those whose
+    last record is older than ``max_age_days``, and the oldest beyond the newest ``max_segments`` (the active
+    segment never). ``None`` means no limit of that kind. Expired
     sessions stay in the trash ``grace_days`` before ``trash purge`` may delete them; ``apply_on_open``
     applies the policy whenever a store is opened."""
 
     max_age_days: float | None = None
     max_bytes: int | None = None
     max_sessions: int | None = None
+    max_segments: int | None = None
     grace_days: float = DEFAULT_GRACE_DAYS
     apply_on_open: bool = False
 
@@ -67,21 +73,26 @@ class RetentionPolicy:
         policy = cls(max_age_days=_number(config, "max_age_days", integer=False, minimum=0),
                      max_bytes=_number(config, "max_bytes", integer=True, minimum=0),
                      max_sessions=_number(config, "max_sessions", integer=True, minimum=0),
+                     max_segments=_number(config, "max_segments", integer=True, minimum=0),
                      grace_days=DEFAULT_GRACE_DAYS if grace is None else grace,
                      apply_on_open=apply_on_open)
         if apply_on_open and not policy.limits():
             raise ValueError("retention.apply_on_open is true but no limit is set: give at least one of "
-                             "max_age_days, max_bytes, max_sessions")
+                             "max_age_days, max_bytes, max_sessions, max_segments")
         return policy
 
     def limits(self) -> dict[str, Any]:
-        """The limits that are set, by rule name."""
-        return {rule: getattr(self, rule) for rule in RULES if getattr(self, rule) is not None}
+        """The limits that are set, by rule name (session and segment rules)."""
+        return {rule: getattr(self, rule) for rule in (*RULES, "max_segments") if getattr(self, rule) is not None}
+
+    def segment_limits(self) -> dict[str, Any]:
+        """The limits that apply to sealed segments, by rule name."""
+        return {rule: getattr(self, rule) for rule in SEGMENT_RULES if getattr(self, rule) is not None}
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as recorded in the ledger (every key, ``None`` for no limit)."""
         return {"max_age_days": self.max_age_days, "max_bytes": self.max_bytes, "max_sessions": self.max_sessions,
-                "grace_days": self.grace_days, "apply_on_open": self.apply_on_open}
+                "max_segments": self.max_segments, "grace_days": self.grace_days, "apply_on_open": self.apply_on_open}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +121,47 @@ class Expiry:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A sealed log segment as a policy sees it (docs/format.md, "Segments"): its file name, the seqs it
+    holds, the time of its last record and its size in bytes (uncompressed)."""
+
+    name: str
+    first_seq: int
+    last_seq: int
+    last_record: datetime
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentExpiry:
+    """One sealed segment of a kept session that a segment rule selects (``rule``: a :data:`SEGMENT_RULES`
+    name; ``reason``: a sentence with the figures)."""
+
+    session_id: str
+    segment: SegmentInfo
+    rule: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.segment
+        return {"session_id": self.session_id, "segment": s.name, "first_seq": s.first_seq, "last_seq": s.last_seq,
+                "last_record": s.last_record.isoformat(), "bytes": s.bytes, "rule": self.rule, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What a policy selects at ``now``: ``expire`` (to be trashed), ``live`` (selected, but a writer holds
-    them: skipped), ``kept`` (every other session), and the totals before and after."""
+    them: skipped), ``kept`` (every other session), and the totals before and after. ``segments``: the sealed
+    segments of kept sessions that the segment rules select; ``segments_live``: those of kept sessions a
+    writer holds (never touched)."""
 
     now: datetime
     policy: RetentionPolicy
     expire: list[Expiry] = field(default_factory=list)
     live: list[Expiry] = field(default_factory=list)
     kept: list[SessionInfo] = field(default_factory=list)
+    segments: list[SegmentExpiry] = field(default_factory=list)
+    segments_live: list[SegmentExpiry] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         def row(e: Expiry) -> dict[str, Any]:
@@ -128,15 +171,44 @@ class Plan:
         return {"now": self.now.isoformat(), "policy": self.policy.as_dict(),
                 "expire": [row(e) for e in self.expire], "live": [row(e) for e in self.live],
                 "kept": [s.session_id for s in self.kept],
-                "bytes_expiring": sum(e.session.bytes for e in self.expire)}
+                "bytes_expiring": sum(e.session.bytes for e in self.expire),
+                "segments": [e.as_dict() for e in self.segments],
+                "segments_live": [e.as_dict() for e in self.segments_live]}
 
 
 def _age_days(now: datetime, then: datetime) -> float:
     return (now - then) / timedelta(days=1)
 
 
+def plan_segments(policy: RetentionPolicy, session_id: str, sealed: list[SegmentInfo],
+                  now: datetime) -> list[SegmentExpiry]:
+    """Which of a kept session's sealed segments (``sealed``, oldest first) the segment rules expire at ``now``.
+
+    Always the oldest ones, without a gap (a log can only lose its beginning): going from the oldest, a
+    segment expires if its last record is more than ``max_age_days`` days before ``now`` (``max_age_days``),
+    else if more than ``max_segments`` sealed segments are left from it on (``max_segments``); the first
+    segment neither rule selects, and every newer one, stays. The active segment is not in ``sealed``: it
+    never expires.
+    """
+    out: list[SegmentExpiry] = []
+    total = len(sealed)
+    for i, seg in enumerate(sealed):
+        age = _age_days(now, seg.last_record)
+        if policy.max_age_days is not None and age > policy.max_age_days:
+            out.append(SegmentExpiry(session_id, seg, "max_age_days",
+                                     f"its last record ({seg.last_record.isoformat()}) is {age:.1f} days old; "
+                                     f"max_age_days is {policy.max_age_days:g}"))
+        elif policy.max_segments is not None and total - i > policy.max_segments:
+            out.append(SegmentExpiry(session_id, seg, "max_segments",
+                                     f"{total} sealed segments; max_segments is {policy.max_segments}: this is "
+                                     f"one of the {total - policy.max_segments} oldest"))
+        else:
+            break
+    return out
+
+
 def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
-         exclude: frozenset[str] = frozenset()) -> Plan:
+         exclude: frozenset[str] = frozenset(), sealed: dict[str, list[SegmentInfo]] | None = None) -> Plan:
     """Which of ``sessions`` the policy expires at ``now`` and why.
 
     Rules, each over the sessions no earlier rule selected, oldest last activity first (ties by id):
@@ -145,6 +217,10 @@ def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
     session a rule selects is listed in ``live`` and still counts as selected (the rule does not pick a newer
     session in its place: it is considered again at the next apply). Sessions in ``exclude`` (the one being
     opened) are never selected and count as kept.
+
+    ``sealed`` (session id -> its sealed segments, oldest first) adds, for every kept session but those in
+    ``exclude``, the segments :func:`plan_segments` selects (``segments``, or ``segments_live`` when a writer
+    holds the session).
     """
     out = Plan(now=now, policy=policy)
     ordered = sorted(sessions, key=lambda s: (s.last_activity, s.session_id))
@@ -182,6 +258,9 @@ def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
     for s in ordered:
         if s.session_id not in chosen:
             out.kept.append(s)
+            if sealed and s.session_id not in exclude and policy.segment_limits():
+                picked = plan_segments(policy, s.session_id, sealed.get(s.session_id, []), now)
+                (out.segments_live if s.live else out.segments).extend(picked)
             continue
         rule, reason = chosen[s.session_id]
         (out.live if s.live else out.expire).append(Expiry(s, rule, reason))
@@ -198,6 +277,8 @@ def purge_due(trashed_at: datetime, grace_days: float, now: datetime) -> bool:
 ENTRY_SEP = "~"
 TRASHED, CANCELLED, RESTORED, RESTORE_CANCELLED, PURGED = (
     "trashed", "trash_cancelled", "restored", "restore_cancelled", "purged")
+#: Segment expiry (segment_expiry.py): the oldest sealed segments of a kept session go to a trash entry.
+SEGMENTS_TRASHED, SEGMENTS_CANCELLED = "segments_trashed", "segments_cancelled"
 #: Ledger record types and the data keys each must have (a record without them is corrupt, never skipped).
 LEDGER_TYPES: dict[str, tuple[str, ...]] = {
     TRASHED: ("entry", "session_id", "rule", "reason", "policy", "log", "bytes", "purge_after"),
@@ -205,6 +286,9 @@ LEDGER_TYPES: dict[str, tuple[str, ...]] = {
     RESTORED: ("entry", "session_id"),
     RESTORE_CANCELLED: ("entry", "session_id", "reason"),
     PURGED: ("entry", "session_id", "forced", "reason"),
+    SEGMENTS_TRASHED: ("entry", "session_id", "rule", "reason", "policy", "segments", "first_seq", "last_seq", "bytes",
+                       "purge_after"),
+    SEGMENTS_CANCELLED: ("entry", "session_id", "reason"),
 }
 
 
@@ -220,6 +304,8 @@ class Entry:
     data: dict[str, Any]
     state: str = TRASHED
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: ``session`` (a whole session folder) or ``segments`` (expired sealed segments of a kept session).
+    kind: str = "session"
 
     @property
     def purge_after(self) -> datetime:
@@ -229,8 +315,10 @@ class Entry:
         return {"entry": self.name, "session_id": self.session_id, "state": self.state,
                 "trashed_at": self.trashed_at.isoformat(), "purge_after": self.data["purge_after"],
                 "rule": self.data["rule"], "reason": self.data["reason"], "bytes": self.data["bytes"],
-                "log": self.data["log"], "policy": self.data["policy"], "ledger_seq": self.seq,
-                "history": self.history}
+                "log": self.data.get("log"), "policy": self.data["policy"], "ledger_seq": self.seq,
+                "history": self.history, "kind": self.kind,
+                **({"segments": [s["name"] for s in self.data["segments"]], "first_seq": self.data["first_seq"],
+                    "last_seq": self.data["last_seq"]} if self.kind == "segments" else {})}
 
 
 def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
@@ -246,17 +334,18 @@ def fold(records: list[dict[str, Any]], path: Any) -> dict[str, Entry]:
         if not isinstance(data, dict) or any(k not in data for k in need):
             raise LedgerError(f"{path}: seq {seq} ({kind}) lacks one of {', '.join(need)}; nothing was changed")
         name = data["entry"]
-        if kind == TRASHED:
+        if kind in (TRASHED, SEGMENTS_TRASHED):
             if name in entries or name != f"{data['session_id']}{ENTRY_SEP}{seq}":
                 raise LedgerError(f"{path}: seq {seq} trashes entry {name!r}, which is not "
                                   f"'<session_id>{ENTRY_SEP}{seq}' or was used before; nothing was changed")
-            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data)
+            entries[name] = Entry(name, data["session_id"], seq, datetime.fromisoformat(rec["ts"]), data,
+                                  kind="segments" if kind == SEGMENTS_TRASHED else "session")
             continue
         entry = entries.get(name)
         if entry is None:
             raise LedgerError(f"{path}: seq {seq} ({kind}) names entry {name!r}, which no earlier record trashed; "
                               "nothing was changed")
-        entry.state = kind
+        entry.state = CANCELLED if kind == SEGMENTS_CANCELLED else kind
         entry.history.append({"seq": seq, "type": kind, "ts": rec["ts"],
                               **{k: v for k, v in data.items() if k not in ("entry", "session_id")}})
     return entries
@@ -283,7 +372,9 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
                  segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
                  expired_at: str) -> dict[str, Any]:
     """The data of an ``expired`` record for the records ``first_seq..last_seq`` (``boundary_crc``: the ``crc``
-    of the record at ``last_seq``, which the first surviving record names as its ``prev``).
+    of the record at ``last_seq``, which the first surviving record names as its ``prev``). Carried messages
+    whose keys are older than ``first_seq`` were carried by an earlier ``expired`` record (one that this range
+    covers): they are carried again.
 
     ``boundary`` is the session's projection folded up to ``last_seq``, ``now`` the projection the record is
     appended to. Carried (kept in every view): the messages of the range that are the leading system prompt
@@ -296,7 +387,7 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
     lead = now.leading_system_count()
     keys = list(now.keys)
     carried = [{"key": k, "message": now.messages[i]} for i, k in enumerate(keys)
-               if low <= k <= high and (i < lead or k in now.pinned)]
+               if 0 <= k <= high and (i < lead or k in now.pinned)]  # (with those an earlier expiry carried)
     wanted = {c["key"] for c in carried}
     layout: list[dict[str, Any]] = []
     for k, m in zip(boundary.keys, boundary.messages):
@@ -337,4 +428,5 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
 
 
 __all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
-           "RetentionPolicy", "SessionInfo", "expired_data", "find_entry", "fold", "fold_after_expiry", "plan", "purge_due"]
+           "RetentionPolicy", "SEGMENTS_CANCELLED", "SEGMENTS_TRASHED", "SEGMENT_RULES", "SegmentExpiry", "SegmentInfo",
+           "SessionInfo", "expired_data", "find_entry", "fold", "fold_after_expiry", "plan", "plan_segments", "purge_due"]

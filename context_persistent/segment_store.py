@@ -35,7 +35,7 @@ TMP = ".tmp"
 #: Names of the points where a crash test may stop the writer (``CONTEXT_PERSISTENT_CRASH_AT=<name>``).
 STEPS = ("roll-manifest", "roll-renamed", "roll-created", "compress-written", "compress-manifest",
          "compress-renamed", "replace-written", "replace-manifest", "replace-renamed", "migrate-written",
-         "migrate-manifest")
+         "migrate-manifest", "expire-file-moved")
 CRASH_ENV = "CONTEXT_PERSISTENT_CRASH_AT"
 #: The new active segment an erase writes (erasure.py) before its commit.
 ACTIVE_ERASING = LOG_NAME + ".erasing"
@@ -96,6 +96,18 @@ def recover(directory: Path, session_id: str, quiet: bool = False) -> tuple[Mani
                     os.chmod(directory / tmp, SEALED_MODE)
                 os.replace(directory / tmp, directory / name)
                 actions.append(f"finished replacing {name} by its new version")
+        elif op == "expire":  # segment retention: move an expired file into its trash entry
+            name, entry = p["name"], p["entry"]
+            if _exists(directory, name):
+                dest = directory.parent / ".retention" / "trash" / entry
+                if not dest.exists():
+                    os.makedirs(dest, 0o700, exist_ok=True)
+                    fsync_dir(dest.parent)
+                os.rename(directory / name, dest / name)
+                fsync_dir(dest)
+                fsync_dir(directory)
+                actions.append(f"moved {name} into the trash entry {entry} (expired by retention)")
+                _step("expire-file-moved")
         elif op == "remove":
             name = p["name"]
             if _exists(directory, name):
@@ -272,7 +284,7 @@ def replace_segments(directory: Path, manifest: Manifest, new_data: dict[int, by
     complete, fsynced temp file, in one commit (the manifest). Compressed segments are re-compressed."""
     segments = list(manifest.segments)
     pending: list[dict[str, str]] = []
-    pos = 0
+    pos = manifest.start  # (0, or where the log begins after expired segments)
     for index, seg in enumerate(segments):  # a new size moves the byte ranges of the segments after it
         size = len(new_data[index]) if index in new_data else seg.size
         segments[index] = replace(seg, start=pos, end=pos + size)

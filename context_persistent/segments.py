@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from .errors import ContextPersistentError, LogCorruptedError
+from .errors import ContextPersistentError, LogCorruptedError, RecordsExpiredError
 from .paths import LOG_NAME, create_private_file, fsync_dir, write_all
 
 MANIFEST_NAME = "segments.json"
@@ -44,7 +44,7 @@ SEALED_MODE = 0o400
 _NAME_RE = re.compile(r"segment-[0-9]{6,}\.jsonl")
 _CRC_RE = re.compile(r"[0-9a-f]{8}")
 _SHA_RE = re.compile(r"sha256:[0-9a-f]{64}")
-_PENDING_OPS = ("seal", "replace", "remove")
+_PENDING_OPS = ("seal", "replace", "remove", "expire")
 
 
 def segment_name(index: int) -> str:
@@ -108,22 +108,49 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """Where a log begins after its oldest sealed segments expired (segment retention): every record up to
+    ``last_seq`` (whose crc is ``last_crc``, the ``prev`` of the first record left) is gone, the first record
+    left starts at global position ``start`` (positions stay what they were), ``expired_seq`` is the seq of the
+    ``expired`` record that describes them (an open without a checkpoint seeds its state from it: found by its
+    seq, since an erasure may move byte positions after the boundary), and ``last_segment`` the number of the
+    last expired segment (new segment names continue after it)."""
+
+    last_seq: int
+    last_crc: str
+    start: int
+    expired_seq: int
+    last_segment: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_seq": self.last_seq, "last_crc": self.last_crc, "start": self.start,
+                "expired_seq": self.expired_seq, "last_segment": self.last_segment}
+
+
+@dataclass(frozen=True)
 class Manifest:
-    """The sealed segments of a session's log, in order, and any step a writer had begun (``pending``)."""
+    """The sealed segments of a session's log, in order, any step a writer had begun (``pending``), and
+    where the log begins when its oldest segments expired (``boundary``; None: at byte 0, seq 1)."""
 
     session_id: str
     segments: tuple[Segment, ...] = ()
     #: Steps committed but perhaps not all carried out (a writer killed midway); the next writer finishes them.
     pending: tuple[dict[str, str], ...] = ()
+    boundary: Boundary | None = None
     _starts: list[int] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._starts.extend(s.start for s in self.segments)
 
     @property
+    def start(self) -> int:
+        """The global position where the log's first record that is still there starts."""
+        return self.boundary.start if self.boundary is not None else 0
+
+    @property
     def base(self) -> int:
         """The global position where the active segment starts."""
-        return self.segments[-1].end if self.segments else 0
+        return self.segments[-1].end if self.segments else self.start
 
     def index_at(self, position: int) -> int:
         """The index of the sealed segment holding byte ``position`` (``start <= position < end``), else -1."""
@@ -132,16 +159,23 @@ class Manifest:
 
     def next_name(self) -> str:
         """The name of the next sealed segment: one past the highest number in use (never a reused name)."""
-        last = max((int(s.name[len(SEGMENT_PREFIX):].split(".")[0]) for s in self.segments), default=0)
+        last = max((int(s.name[len(SEGMENT_PREFIX):].split(".")[0]) for s in self.segments),
+                   default=self.boundary.last_segment if self.boundary is not None else 0)
         return segment_name(last + 1)
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"manifest": MANIFEST_VERSION, "session_id": self.session_id,
-                             "segments": [s.to_json() for s in self.segments],
-                             "pending": list(self.pending)}, option=orjson.OPT_INDENT_2) + b"\n"
+        doc: dict[str, Any] = {"manifest": MANIFEST_VERSION, "session_id": self.session_id,
+                               "segments": [s.to_json() for s in self.segments], "pending": list(self.pending)}
+        if self.boundary is not None:  # (absent otherwise: a manifest without expiry is unchanged)
+            doc["boundary"] = self.boundary.to_json()
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
     def with_segments(self, segments: tuple[Segment, ...], pending: tuple[dict[str, str], ...] = ()) -> Manifest:
-        return Manifest(self.session_id, segments, pending)
+        return Manifest(self.session_id, segments, pending, self.boundary)
+
+    def with_boundary(self, boundary: Boundary, segments: tuple[Segment, ...],
+                      pending: tuple[dict[str, str], ...] = ()) -> Manifest:
+        return Manifest(self.session_id, segments, pending, boundary)
 
 
 # -- parsing (pure) --------------------------------------------------------------------------------------
@@ -174,6 +208,7 @@ def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
     raw_pending = doc.get("pending", [])
     if not isinstance(raw_segments, list) or not isinstance(raw_pending, list):
         raise ManifestError(path, "\"segments\" and \"pending\" must be lists")
+    boundary = _boundary(doc.get("boundary"), path)
     segments: list[Segment] = []
     for i, s in enumerate(raw_segments):
         where = f"segment {i + 1}"
@@ -182,10 +217,14 @@ def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
         name = _str(s, "name", where, path, _NAME_RE)
         start, end = _int(s, "start", where, path), _int(s, "end", where, path)
         first_seq, last_seq = _int(s, "first_seq", where, path), _int(s, "last_seq", where, path)
-        expected_start = segments[-1].end if segments else 0
+        expected_start = segments[-1].end if segments else (boundary.start if boundary is not None else 0)
         if start != expected_start or end <= start:
             raise ManifestError(path, f"{where} ({name}) covers bytes {start}..{end}; it must start at "
-                                      f"{expected_start} and not be empty")
+                                      f"{expected_start}" + (" (the recorded boundary)" if boundary and not segments
+                                                             else "") + " and not be empty")
+        if boundary is not None and not segments and first_seq != boundary.last_seq + 1:
+            raise ManifestError(path, f"{where} ({name}) begins at seq {first_seq}; after the recorded boundary "
+                                      f"(seq {boundary.last_seq}) it must begin at {boundary.last_seq + 1}")
         if first_seq < 1 or last_seq < first_seq or (segments and first_seq <= segments[-1].last_seq):
             raise ManifestError(path, f"{where} ({name}) holds seqs {first_seq}..{last_seq}, which do not "
                                       "follow the segment before it")
@@ -218,7 +257,23 @@ def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
                 or not all(isinstance(v, str) and "/" not in v and v not in ("", ".", "..") for v in p.values())):
             raise ManifestError(path, f"pending step {p!r} is not one of {', '.join(_PENDING_OPS)} with file names")
         pending.append({str(k): str(v) for k, v in p.items()})
-    return Manifest(session_id, tuple(segments), tuple(pending))
+    return Manifest(session_id, tuple(segments), tuple(pending), boundary)
+
+
+def _boundary(raw: Any, path: Path) -> Boundary | None:
+    """The ``boundary`` of a manifest (None when absent: the log begins at byte 0)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ManifestError(path, "\"boundary\" must be null or an object")
+    where = "the boundary"
+    b = Boundary(_int(raw, "last_seq", where, path), _str(raw, "last_crc", where, path, _CRC_RE),
+                 _int(raw, "start", where, path), _int(raw, "expired_seq", where, path),
+                 _int(raw, "last_segment", where, path))
+    if b.last_seq < 1 or b.start < 1 or b.expired_seq <= b.last_seq or b.last_segment < 1:
+        raise ManifestError(path, f"the boundary {raw!r} must name seqs >= 1 with expired_seq after last_seq, "
+                                  "a start > 0 and a last_segment >= 1")
+    return b
 
 
 # -- manifest I/O ----------------------------------------------------------------------------------------
@@ -457,6 +512,17 @@ class LogReader:
         return self.manifest.base
 
     @property
+    def start(self) -> int:
+        """The global position of the first record the log still holds (0 unless segments expired)."""
+        return self.manifest.start
+
+    def expired(self, asked: str) -> RecordsExpiredError:
+        """The error for a read of something before :attr:`start` (segment retention expired it)."""
+        b = self.manifest.boundary
+        assert b is not None
+        return RecordsExpiredError(str(self.directory), asked, b.last_seq, b.start, b.expired_seq)
+
+    @property
     def active_is_sealed(self) -> bool:
         """True while a roll is between its two steps: ``events.jsonl`` is still the segment just sealed."""
         return self._active_is_last
@@ -538,7 +604,7 @@ class LogReader:
         """``(global position, bytes)`` pieces of the log's data from ``position`` (a record start) to ``end``
         (default: the data end now), across segments."""
         stop = self.end() if end is None else end
-        pos = position
+        pos = max(position, self.manifest.start)  # (before it: expired records, no longer in the log)
         segs = self.manifest.segments
         i = self.manifest.index_at(pos)
         while 0 <= i < len(segs) and pos < stop:
@@ -582,6 +648,20 @@ class LogReader:
         if carry:
             yield carry_at, carry
 
+    def find_seq(self, seq: int) -> tuple[int, bytes] | None:
+        """``(global position, line)`` of the record ``seq``, reading only the segment whose seq range holds it
+        (the active one after the last); None if no line there has that seq. Lines are not verified here."""
+        start, end = self.base, None
+        for s in self.manifest.segments:
+            if s.first_seq <= seq <= s.last_seq:
+                start, end = s.start, s.end
+                break
+        needle = b'"seq":%d,' % seq
+        for at, line in self.lines(start, end):
+            if line[:40].find(needle) >= 0:
+                return at, line
+        return None
+
     def read_line_at(self, position: int) -> bytes:
         """The record line (with its newline) that starts at global ``position``.
 
@@ -592,6 +672,8 @@ class LogReader:
         """
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        if position < self.manifest.start:
+            raise self.expired(f"the record at position {position}")
         i = self.manifest.index_at(position)
         if i >= 0:
             seg = self.manifest.segments[i]
@@ -624,8 +706,9 @@ class LogReader:
                                  f"{self.end()}, before its newline")
 
     def line_ending_at(self, position: int) -> bytes:
-        """The line that ends exactly at global ``position`` (b"" at 0)."""
-        if position <= 0:
+        """The line that ends exactly at global ``position`` (b"" at 0, and at or before the first record left
+        when segments expired)."""
+        if position <= self.manifest.start:
             return b""
         i = self.manifest.index_at(position - 1)
         if i >= 0:
@@ -660,5 +743,5 @@ def read_line_at(log_dir: str | os.PathLike[str], position: int, session_id: str
         return reader.read_line_at(position)
 
 
-__all__ = ["Compressed", "LogReader", "MANIFEST_NAME", "Manifest", "ManifestError", "Segment", "load_manifest",
+__all__ = ["Boundary", "Compressed", "LogReader", "MANIFEST_NAME", "Manifest", "ManifestError", "Segment", "load_manifest",
            "read_line_at", "segment_name"]

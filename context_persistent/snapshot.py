@@ -69,12 +69,25 @@ async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
     of that state identical to a redacted one (``set_messages`` re-adds the messages it keeps under new keys,
     so the message a past state holds may be an earlier copy of the one that was redacted). ``at``,
     ``export(at_seq=)``, ``fork(at_seq=)`` and ``show --at`` therefore never reveal what was redacted later.
+
+    When the log's oldest segments expired, the fold starts from the ``expired`` record's state, and a state
+    before that record (``at_seq`` below its seq) is a RecordsExpiredError: it needs the expired records.
     """
+    manifest = getattr(log, "manifest", None)
+    boundary = manifest.boundary if manifest is not None else None
+    if boundary is not None and at_seq is not None and at_seq < boundary.expired_seq:
+        from .errors import RecordsExpiredError
+
+        raise RecordsExpiredError(str(getattr(log, "directory", "")), f"the state at seq {at_seq} (the earliest "
+                                  f"state the log still holds is at seq {boundary.expired_seq})", boundary.last_seq,
+                                  boundary.start, boundary.expired_seq)
     redacted: set[int] = set()
     if at_seq is not None:  # (at the head, the fold has applied every redaction already)
         async for batch in log.read_batches():
             redacted.update(_redacted_key(rec) for rec in batch if rec["type"] == ev.REDACTED)
-    state = Projection()
+    from .checkpoint.policy import seed_state
+
+    state = seed_state(log, None)  # (empty, or seeded from the expired record when the oldest segments expired)
     apply = state.apply
     prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():

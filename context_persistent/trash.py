@@ -25,18 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .errors import LedgerError, SessionLockedError, SessionTrashedError
+from .errors import LedgerError, LogCorruptedError, SessionLockedError, SessionTrashedError
 from .log import FileEventLog, FileLock, data_end
 from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
 from .segments import MANIFEST_NAME as _MANIFEST  # (a folder holding only it is a session: a roll killed midway)
-from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan,
-                        RetentionPolicy, SessionInfo, find_entry, fold, plan, purge_due)
+from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, SEGMENTS_CANCELLED, TRASHED, Entry,
+                        Expiry, Plan, RetentionPolicy, SegmentExpiry, SegmentInfo, SessionInfo, find_entry, fold, plan,
+                        purge_due)
+from .segments import LogReader, load_manifest
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
 RETENTION_DIR = ".retention"
 TRASH_DIR = "trash"
 #: The ledger's chain root is the CRC-32 of ``session:.retention`` (an id no session can have).
 LEDGER_ID = ".retention"
+#: Why ``apply`` left a selected sealed segment in place when its session was not live.
+SEGMENTS_NOT_APPLIED = ("the log changed since the plan, or an earlier expiry's record lies after these segments "
+                        "(it expires with them later): nothing of the session was changed")
 #: A trash entry being purged is renamed to this prefix first, so a half-deleted folder is never listed.
 PURGING = ".purging-"
 
@@ -185,6 +190,40 @@ def sessions(storage: Path | str) -> list[SessionInfo]:
     return out
 
 
+def sealed_segments(storage: Path | str, session_id: str) -> list[SegmentInfo]:
+    """The sealed segments of a session, oldest first, each with the time of its last record (read from the
+    segment: one line, one zstd frame if compressed); [] for a single-file log. A last record that does not
+    decode is corruption: LogCorruptedError (never skipped)."""
+    folder = Path(storage) / session_id
+    manifest = load_manifest(folder, session_id)
+    if manifest is None or not manifest.segments:
+        return []
+    out: list[SegmentInfo] = []
+    with LogReader(folder, session_id) as reader:
+        for seg in manifest.segments:
+            line = reader.line_ending_at(seg.end)
+            try:
+                rec = codec.decode(line)
+            except codec.RecordError as e:
+                path, offset = reader.where(seg.end - len(line))
+                raise LogCorruptedError(str(path), 0, offset, f"the last record of sealed segment {seg.name} "
+                                        f"does not decode ({e}); `context-persistent verify` checks the log") from None
+            if rec["seq"] != seg.last_seq:
+                path, offset = reader.where(seg.end - len(line))
+                raise LogCorruptedError(str(path), 0, offset, f"the last record of sealed segment {seg.name} has "
+                                        f"seq {rec['seq']}; the manifest says {seg.last_seq}")
+            out.append(SegmentInfo(seg.name, seg.first_seq, seg.last_seq, datetime.fromisoformat(rec["ts"]),
+                                   seg.size))
+    return out
+
+
+def _sealed_of(storage: Path, infos: list[SessionInfo], policy: RetentionPolicy) -> dict[str, list[SegmentInfo]]:
+    """The sealed segments of each session, when the policy has a segment rule (else nothing is read)."""
+    if not policy.segment_limits():
+        return {}
+    return {s.session_id: sealed_segments(storage, s.session_id) for s in infos}
+
+
 def _manifest_digest(folder: Path) -> dict[str, Any] | None:
     """``{bytes, sha256}`` of a segmented session's manifest (which holds each sealed segment's SHA-256), or
     None for a single-file log."""
@@ -293,6 +332,13 @@ async def reconcile(ledger: Ledger) -> list[dict[str, Any]]:
     for entry in list(ledger.entries.values()):
         here = (trash / entry.name).exists()
         live = storage / entry.session_id
+        if entry.kind == "segments":
+            if entry.state == TRASHED and not here:
+                done.extend(await _reconcile_segments(ledger, entry))
+            elif entry.state == PURGED and here:
+                _remove(storage, entry.name)
+                done.append({"entry": entry.name, "action": "purge finished"})
+            continue
         if entry.state in (TRASHED, RESTORE_CANCELLED) and not here:
             if entry.state == TRASHED and live.exists():
                 await ledger.append(CANCELLED, {"entry": entry.name, "session_id": entry.session_id,
@@ -313,6 +359,36 @@ async def reconcile(ledger: Ledger) -> list[dict[str, Any]]:
             _remove(storage, entry.name)
             done.append({"entry": entry.name, "action": "purge finished"})
     return done
+
+
+async def _reconcile_segments(ledger: Ledger, entry: Entry) -> list[dict[str, Any]]:
+    """A segment expiry a killed process left before its files were in the trash: finished when the session's
+    log holds its ``expired`` record (the views already are the expired ones), cancelled when it does not
+    (nothing of the session changed). A session a writer holds is left for the next command."""
+    from .segment_expiry import commit_and_move, find_expired
+
+    folder = ledger.storage / entry.session_id
+    if not folder.exists():
+        raise LedgerError(f"trash entry {entry.name} records expired segments of session {entry.session_id}, whose "
+                          f"folder {folder} is missing; nothing was changed")
+    try:
+        log = FileEventLog(folder, entry.session_id, create=False)  # (its open finishes committed moves)
+    except SessionLockedError:
+        return []
+    try:
+        if (trash_dir(ledger.storage) / entry.name).exists():
+            return [{"entry": entry.name, "action": "segment expiry finished (files moved)"}]
+        found = find_expired(log, entry.name)
+        if found is None:
+            await ledger.append(SEGMENTS_CANCELLED, {"entry": entry.name, "session_id": entry.session_id,
+                                                     "reason": "interrupted before the expired record was written: "
+                                                               "the session was not changed"})
+            return [{"entry": entry.name, "action": "segment expiry cancelled (interrupted before its record)"}]
+        make_private_dirs(trash_dir(ledger.storage))
+        commit_and_move(log, ledger.storage, entry.name, found[0])
+        return [{"entry": entry.name, "action": "segment expiry finished (manifest and files)"}]
+    finally:
+        await log.close()
 
 
 async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy, now: datetime) -> dict[str, Any]:
@@ -347,22 +423,30 @@ def _now(now: datetime | None) -> datetime:
 
 async def plan_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
                     exclude: frozenset[str] = frozenset()) -> Plan:
-    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed)."""
-    return plan(policy, sessions(Path(storage)), _now(now), exclude)
+    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed): sessions, and
+    the sealed segments of kept ones (``Plan.segments``)."""
+    root = Path(storage)
+    infos = sessions(root)
+    return plan(policy, infos, _now(now), exclude, _sealed_of(root, infos, policy))
 
 
 async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
                      exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Apply ``policy`` to a storage folder: reconcile, plan, move each expired session that no writer holds
-    to the trash (recorded first). Returns ``{plan, trashed, skipped, reconciled}``."""
+    to the trash (recorded first), then expire the selected sealed segments of kept sessions. Returns
+    ``{plan, trashed, skipped, reconciled, segments_expired, segments_kept}``;
+    ``segments_expired``: one row per session whose oldest sealed segments went to a trash entry
+    (segment_expiry.py); ``segments_kept``: the selected segments left in place, with why."""
     root = Path(storage)
     ledger = await Ledger.open(root)
     try:
         reconciled = await reconcile(ledger)
         when = _now(now)
-        p = plan(policy, sessions(root), when, exclude)
+        infos = sessions(root)
+        p = plan(policy, infos, when, exclude, _sealed_of(root, infos, policy))
         trashed, skipped = [], [{"session_id": e.session_id, "rule": e.rule, "why": "live: a writer holds it"}
                                 for e in p.live]
+        segments_kept = [{**e.as_dict(), "why": "live: a writer holds the session"} for e in p.segments_live]
         for expiry in p.expire:
             try:
                 data = await trash_session(ledger, expiry, policy, when)
@@ -370,9 +454,36 @@ async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *
                 skipped.append({"session_id": expiry.session_id, "rule": expiry.rule, "why": f"live: {e}"})
                 continue
             trashed.append({k: data[k] for k in ("entry", "session_id", "rule", "reason", "bytes", "purge_after")})
-        return {"plan": p.as_dict(), "trashed": trashed, "skipped": skipped, "reconciled": reconciled}
+        segments_expired = await _expire_segments(ledger, p.segments, policy, when, segments_kept)
+        return {"plan": p.as_dict(), "trashed": trashed, "skipped": skipped, "reconciled": reconciled,
+                "segments_expired": segments_expired, "segments_kept": segments_kept}
     finally:
         await ledger.close()
+
+
+async def _expire_segments(ledger: Ledger, picked: list[SegmentExpiry], policy: RetentionPolicy, when: datetime,
+                           kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Expire the selected sealed segments, one trash entry per session (segment_expiry.py); a session that
+    became live since the plan, or whose log changed, keeps them (added to ``kept``)."""
+    from .segment_expiry import expire
+
+    by_session: dict[str, list[SegmentExpiry]] = {}
+    for e in picked:
+        by_session.setdefault(e.session_id, []).append(e)
+    out: list[dict[str, Any]] = []
+    for sid, group in by_session.items():
+        try:
+            data = await expire(ledger.storage, ledger, sid, group, policy, when)
+        except SessionLockedError as e:
+            kept.extend({**x.as_dict(), "why": f"live: {e}"} for x in group)
+            continue
+        if data is None:
+            kept.extend({**x.as_dict(), "why": SEGMENTS_NOT_APPLIED} for x in group)
+            continue
+        out.append({"entry": data["entry"], "session_id": sid, "segments": [s["name"] for s in data["segments"]],
+                    "first_seq": data["first_seq"], "last_seq": data["last_seq"], "rule": data["rule"],
+                    "bytes": data["bytes"], "purge_after": data["purge_after"]})
+    return out
 
 
 async def list_trash(storage: str | os.PathLike[str], *, all_entries: bool = False) -> list[dict[str, Any]]:
@@ -406,6 +517,11 @@ async def restore(storage: str | os.PathLike[str], name: str) -> dict[str, Any]:
     try:
         await reconcile(ledger)
         entry = _find(ledger, name)
+        if entry.kind == "segments":
+            raise ValueError(f"trash entry {entry.name} holds the expired segments of session {entry.session_id} "
+                             f"(seqs {entry.data['first_seq']}..{entry.data['last_seq']}); they cannot go back into "
+                             "the log, whose later records follow the expired record: read them in "
+                             f"{trash_dir(root) / entry.name} (plain or zstd JSONL), or purge the entry")
         src = trash_dir(root) / entry.name
         dst = root / entry.session_id
         if dst.exists():
@@ -468,5 +584,6 @@ async def apply_on_open(storage: Path, policy: RetentionPolicy, session_id: str)
 
 
 __all__ = ["Entry", "Ledger", "LedgerError", "SessionTrashedError", "apply_file", "apply_on_open",
-           "check_not_trashed", "list_trash", "plan_file", "purge", "reconcile", "restore", "sessions",
+           "SEGMENTS_NOT_APPLIED", "check_not_trashed", "list_trash", "plan_file", "purge", "reconcile", "restore",
+           "sealed_segments", "sessions",
            "trash_session"]

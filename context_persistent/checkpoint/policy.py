@@ -76,6 +76,38 @@ def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, of
         os.close(src)
 
 
+def seed_state(log: Any, pager: Any) -> Projection:
+    """The state a replay from ``log``'s first record starts from (:meth:`Checkpointer.fresh`). The ``expired``
+    record must be where the boundary says, with the range and crc it records: LogCorruptedError if not."""
+    manifest = getattr(log, "manifest", None)
+    boundary = manifest.boundary if manifest is not None else None
+    if boundary is None:
+        return Projection(pager)
+    from .. import codec
+    from ..errors import LogCorruptedError
+
+    with log.reader() as reader:
+        found = reader.find_seq(boundary.expired_seq)
+        if found is None:
+            raise LogCorruptedError(str(reader.directory), 0, boundary.start, f"the log holds no record seq "
+                                    f"{boundary.expired_seq}, the expired record the segment manifest names")
+        position, line = found
+        try:
+            rec = codec.decode(line)
+        except codec.RecordError as e:
+            path, offset = reader.where(position)
+            raise LogCorruptedError(str(path), 0, offset, f"the expired record the segment manifest names does not "
+                                    f"decode ({e})") from None
+        data = rec.get("data")
+        if (rec["type"] != "expired" or not isinstance(data, dict)
+                or data.get("last_seq") != boundary.last_seq or data.get("boundary_crc") != boundary.last_crc):
+            path, offset = reader.where(position)
+            raise LogCorruptedError(str(path), 0, offset, f"the record here (seq {rec['seq']}, {rec['type']}) is not "
+                                    f"the expired record the segment manifest names (seq {boundary.expired_seq}, "
+                                    f"up to seq {boundary.last_seq}, crc {boundary.last_crc})")
+    return Projection.seeded(data, pager, position)
+
+
 class Checkpointer:
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
 
@@ -123,14 +155,14 @@ class Checkpointer:
         """Checkpoint + tail replay when a valid checkpoint exists, else a full replay."""
         cp, state = await self._usable(log, tokenizer)
         if cp is None or state is None:
-            return await self._replay(log, Projection(self.pager), 0, None)
+            return await self._replay(log, self.fresh(log), 0, None)
         if cp.base is not None and cp.state is not None:  # read whole: the state section is at the base
             tail = await self._replay(log, state, cp.base["seq"], cp.base["position"])
         else:
             tail = await self._replay(log, state, cp.seq, cp.position)
         if log.last_seq < cp.seq:  # the log ends before the checkpoint (a backend that cannot check the anchor)
             await self._reject(f"it is at seq {cp.seq} but the log ends at seq {log.last_seq}")
-            return await self._replay(log, Projection(self.pager), 0, None)
+            return await self._replay(log, self.fresh(log), 0, None)
         self.seq = self.loaded_seq = cp.seq
         self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
@@ -258,9 +290,9 @@ class Checkpointer:
         """The log folded up to ``cp``'s record (records verified as they are read)."""
         from ..log import scan
 
-        state = Projection(self.pager)
-        start = 0
-        for rec, end in log._records(0):  # (global positions, across sealed segments)
+        state = self.fresh(log)
+        start = log.manifest.start if getattr(log, "manifest", None) is not None else 0
+        for rec, end in log._records(start):  # (global positions, across sealed segments)
             if rec["seq"] > cp.seq or end > cp.position:
                 break
             state.apply(rec, start, end - start)
@@ -268,6 +300,11 @@ class Checkpointer:
         if state.head_seq != cp.seq:
             raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
         return state
+
+    def fresh(self, log: Any) -> Projection:
+        """The state a replay from the log's first record starts from: empty, or, when the log's oldest segments
+        expired, seeded from the ``expired`` record the manifest's boundary names (retention.py)."""
+        return seed_state(log, self.pager)
 
     async def _anchor_mismatch(self, cp: Checkpoint, log: Any) -> str | None:
         first = await first_record_crc(log)

@@ -41,6 +41,10 @@ def format_report(r: Report) -> str:
         zst = sum(1 for name in r.segments if name.endswith(".zst"))
         lines.append(f"  {len(r.segments)} sealed segments ({zst} compressed) before the active one; each checked "
                      "against the SHA-256 recorded when it was sealed")
+    if r.expired:
+        e = r.expired
+        lines.append(f"  note: seqs 1..{e['last_seq']} expired by retention (the `expired` record at seq "
+                     f"{e['expired_seq']}); the chain is checked from there and the history folded from that record")
     if r.writer_pid:
         lines.append(f"  note: a writer (pid {r.writer_pid}) has the session open; an incomplete last record "
                      "may be a write in progress")

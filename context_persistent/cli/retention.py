@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   context-persistent retention plan --max-age-days 90            what would expire, and why (changes nothing)
   context-persistent retention apply --max-age-days 90 --grace-days 30
   context-persistent retention apply --max-sessions 500 --max-bytes 20000000000
+  context-persistent retention plan --max-segments 20           sealed segments of kept sessions beyond 20
   context-persistent trash list                                   entries in the trash, with their purge dates
   context-persistent trash restore my-session                     back to a live session, intact
   context-persistent trash purge                                  delete entries whose grace period is over
@@ -28,7 +29,7 @@ def _policy(args: argparse.Namespace) -> RetentionPolicy:
     config = {k: getattr(args, k) for k in POLICY_KEYS if getattr(args, k, None) is not None}
     policy = RetentionPolicy.from_config(config)
     if not policy.limits():
-        raise ValueError("give at least one limit: --max-age-days, --max-sessions or --max-bytes")
+        raise ValueError("give at least one limit: --max-age-days, --max-sessions, --max-bytes or --max-segments")
     return policy
 
 
@@ -44,6 +45,15 @@ def _print_plan(p: dict[str, Any]) -> list[str]:
         lines.append(f"  live   {e['session_id']}  (selected by {e['rule']}, but a writer holds it: kept)")
     lines.append(f"{len(p['expire'])} session(s) to expire ({p['bytes_expiring']} bytes), {len(p['live'])} live, "
                  f"{len(p['kept'])} kept")
+    for e in p.get("segments", []):
+        lines.append(f"  segment {e['session_id']}/{e['segment']}  (seqs {e['first_seq']}..{e['last_seq']}, "
+                     f"{e['bytes']} bytes; {e['rule']}: {e['reason']})")
+    for e in p.get("segments_live", []):
+        lines.append(f"  segment {e['session_id']}/{e['segment']}  (selected by {e['rule']}, but a writer holds the "
+                     "session: kept)")
+    if p.get("segments") or p.get("segments_live"):
+        lines.append(f"{len(p['segments'])} sealed segment(s) of kept sessions to expire, "
+                     f"{len(p['segments_live'])} of live ones kept")
     return lines
 
 
@@ -91,9 +101,19 @@ def run_apply(args: argparse.Namespace) -> int:
                          f"{t['purge_after']})")
         for s in report["skipped"]:
             lines.append(f"kept {s['session_id']} (selected by {s['rule']}): {s['why']}")
+        for x in report.get("segments_expired", []):
+            for name in x["segments"]:
+                lines.append(f"expired {x['session_id']}/{name} -> {x['entry']}")
+            lines.append(f"  seqs {x['first_seq']}..{x['last_seq']} of {x['session_id']} ({x['bytes']} bytes; {x['rule']}; "
+                         f"purge after {x['purge_after']})")
+        for k in report.get("segments_kept", []):
+            lines.append(f"kept segment {k['session_id']}/{k['segment']} (selected by {k['rule']}): {k['why']}")
         lines.append(f"{len(report['trashed'])} session(s) moved to the trash, {len(report['skipped'])} skipped")
+        if report.get("segments_expired") or report.get("segments_kept"):
+            lines.append(f"{sum(len(x['segments']) for x in report['segments_expired'])} sealed segment(s) expired, "
+                         f"{len(report['segments_kept'])} selected and kept")
         print("\n".join(lines))
-    return 1 if report["skipped"] else 0
+    return 1 if report["skipped"] or report.get("segments_kept") else 0
 
 
 async def _list(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -116,7 +136,9 @@ def run_list(args: argparse.Namespace) -> int:
         print("the trash is empty")
         return 0
     for r in rows:
-        print(f"{r['entry']}  {r['state']}  trashed {r['trashed_at']}  purge after {r['purge_after']}  "
+        what = (f"  segments of {r['session_id']}, seqs {r['first_seq']}..{r['last_seq']} (not restorable)"
+                if r.get("kind") == "segments" else "")
+        print(f"{r['entry']}  {r['state']}{what}  trashed {r['trashed_at']}  purge after {r['purge_after']}  "
               f"{r['bytes']} bytes  {r['rule']}: {r['reason']}")
     return 0
 
@@ -195,6 +217,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="keep the N most recently active sessions; expire the others")
         q.add_argument("--max-bytes", dest="max_bytes", type=_count, metavar="BYTES",
                        help="expire the least recently active sessions until the rest take at most BYTES")
+        q.add_argument("--max-segments", dest="max_segments", type=_count, metavar="N",
+                       help="of each kept session, keep the N newest sealed log segments (segmented logs only; "
+                            "the active segment never expires)")
         q.add_argument("--grace-days", dest="grace_days", type=_days, metavar="DAYS",
                        help="days an expired session stays in the trash before `trash purge` deletes it "
                             "(default 7)")
