@@ -443,10 +443,9 @@ def side_files(directory: Path) -> list[str]:
 
 
 def _normal(state: dict[str, Any]) -> Any:
-    """A projection state as plain JSON values, token counts left out (a cache inside the cache)."""
-    out = orjson.loads(orjson.dumps(state))
-    out.pop("tokens", None)
-    return out
+    """A projection state as plain JSON values, its per-message lists left out: token counts (a cache inside
+    the cache) and keys (ints, compared as they are, without a copy of a list as long as the history)."""
+    return orjson.loads(orjson.dumps({k: v for k, v in state.items() if k not in ("tokens", "keys")}))
 
 
 def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> bool:
@@ -457,6 +456,8 @@ def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> b
     theirs = dict(stored)
     a, b = mine.pop("messages"), theirs.pop("messages", None)
     if _normal(mine) != _normal(theirs) or not isinstance(b, list) or len(a) != len(b):
+        return False
+    if mine.get("keys") != theirs.get("keys"):
         return False
     own = MessageReader(directory) if state.pager is None else None
     pager: Any = state.pager or own
