@@ -29,6 +29,7 @@ renumbering would silently re-point them. Gaps are allowed by open (seqs must on
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
 import time
@@ -45,9 +46,8 @@ from .checkpoint import CheckpointError, FileCheckpointStore, decode as decode_c
 from .errors import SessionNotFoundError
 from .errors import LogCorruptedError
 from .log import FileLock, crash_leaves, data_size
-from .segment_store import read_segment
 from .segment_store import recover
-from .segments import MANIFEST_NAME, LogReader, sha256_hex
+from .segments import MANIFEST_NAME, LogReader
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .pages import MessageReader
 from .projection import Projection
@@ -185,28 +185,54 @@ def _reader_lines(reader: LogReader, size: int, skip: list[Problem]) -> Iterator
             yield n, offset, line
 
 
+def _check_segment(reader: LogReader, i: int) -> None:
+    """Raise (ValueError, OSError, LogCorruptedError, codec.RecordError) if sealed segment ``i`` is not what its
+    manifest entry says. Streams the segment (1 MiB reads, or one zstd frame at a time), so memory does not grow
+    with the segment's size."""
+    f = reader.segment_file(i)
+    seg = f.seg  # (the reader's entry: compressed meanwhile, it names the compressed file)
+    if seg.compressed is not None:
+        blob = hashlib.sha256()
+        pos = 0
+        while chunk := os.pread(f.fd, 1 << 20, pos):
+            blob.update(chunk)
+            pos += len(chunk)
+        if "sha256:" + blob.hexdigest() != seg.compressed.sha256:
+            raise ValueError(f"the compressed file's SHA-256 is not {seg.compressed.sha256}")
+    digest = hashlib.sha256()
+    size = 0
+    if seg.compressed is not None:
+        for _, data in f.chunks(0):  # every frame on its own, as random reads use them (each size checked)
+            digest.update(data)
+            size += len(data)
+    else:
+        while data := os.pread(f.fd, 1 << 20, size):  # to the file's end (a longer file is not the segment)
+            digest.update(data)
+            size += len(data)
+    if size != seg.size or "sha256:" + digest.hexdigest() != seg.sha256:
+        raise LogCorruptedError(str(f.path), 0, 0,
+                                f"its contents ({size} bytes, sha256:{digest.hexdigest()}) are not what the "
+                                f"manifest recorded when it was sealed ({seg.size} bytes, {seg.sha256})")
+    if not size:
+        raise ValueError("it is empty")
+    first = codec.decode(f.line_at(0))
+    last = codec.decode(f.line_ending_at(size))
+    f.drop_cache()
+    if (first["seq"], first["crc"], last["seq"], last["crc"]) != (seg.first_seq, seg.first_crc,
+                                                                  seg.last_seq, seg.last_crc):
+        raise ValueError(f"it holds seqs {first['seq']}..{last['seq']} (crc {first['crc']}..{last['crc']}), "
+                         f"the manifest says {seg.first_seq}..{seg.last_seq} "
+                         f"({seg.first_crc}..{seg.last_crc})")
+
+
 def check_segments(reader: LogReader) -> list[Problem]:
     """Each sealed segment against its manifest entry: the file's SHA-256 (and, compressed, that every frame
-    decompresses to the recorded bytes), its size, and its first and last record's seq and crc."""
+    decompresses to the recorded bytes), its size, and its first and last record's seq and crc. Reads each
+    segment in pieces: memory stays bounded whatever the segments' sizes."""
     problems = []
-    for seg in reader.segments:
-        path = reader.directory / seg.file
+    for i, seg in enumerate(reader.segments):
         try:
-            data = read_segment(reader.directory, seg)
-            if seg.compressed is not None:
-                with open(path, "rb") as f:
-                    blob = f.read()
-                if sha256_hex(blob) != seg.compressed.sha256:
-                    raise ValueError(f"the compressed file's SHA-256 is not {seg.compressed.sha256}")
-                for i in range(len(seg.compressed.frames)):  # every frame on its own, as random reads use them
-                    reader.segment_file(reader.segments.index(seg)).frame(i)
-            first = codec.decode(data[: data.index(b"\n") + 1])
-            last = codec.decode(data[data.rindex(b"\n", 0, len(data) - 1) + 1:])
-            if (first["seq"], first["crc"], last["seq"], last["crc"]) != (seg.first_seq, seg.first_crc,
-                                                                          seg.last_seq, seg.last_crc):
-                raise ValueError(f"it holds seqs {first['seq']}..{last['seq']} (crc {first['crc']}..{last['crc']}), "
-                                 f"the manifest says {seg.first_seq}..{seg.last_seq} "
-                                 f"({seg.first_crc}..{seg.last_crc})")
+            _check_segment(reader, i)
         except (OSError, ValueError, LogCorruptedError, codec.RecordError) as e:
             reason = e.reason if isinstance(e, LogCorruptedError) else str(e)
             problems.append(Problem("segment", 0, seg.start, seg.size, f"{seg.file}: {reason}", seg.first_seq,
@@ -442,10 +468,9 @@ def side_files(directory: Path) -> list[str]:
 
 
 def _normal(state: dict[str, Any]) -> Any:
-    """A projection state as plain JSON values, token counts left out (a cache inside the cache)."""
-    out = orjson.loads(orjson.dumps(state))
-    out.pop("tokens", None)
-    return out
+    """A projection state as plain JSON values, its per-message lists left out: token counts (a cache inside
+    the cache) and keys (ints, compared as they are, without a copy of a list as long as the history)."""
+    return orjson.loads(orjson.dumps({k: v for k, v in state.items() if k not in ("tokens", "keys")}))
 
 
 def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> bool:
@@ -456,6 +481,8 @@ def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> b
     theirs = dict(stored)
     a, b = mine.pop("messages"), theirs.pop("messages", None)
     if _normal(mine) != _normal(theirs) or not isinstance(b, list) or len(a) != len(b):
+        return False
+    if mine.get("keys") != theirs.get("keys"):
         return False
     own = MessageReader(directory) if state.pager is None else None
     pager: Any = state.pager or own

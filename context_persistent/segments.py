@@ -364,6 +364,10 @@ class SegmentFile:
             os.close(self.fd)
             self.fd = -1
 
+    def drop_cache(self) -> None:
+        """Forget the frame kept for nearby reads (a reader done with this segment)."""
+        self._cached = None
+
     def frame(self, i: int) -> bytes:
         """The uncompressed bytes of frame ``i`` (compressed segments)."""
         if self._cached is not None and self._cached[0] == i:
@@ -616,6 +620,7 @@ class LogReader:
                 piece = data[: stop - g]
                 yield g, piece
                 pos = g + len(piece)
+            self.segment_file(i).drop_cache()  # (a pass over many segments keeps no frame of each)
             i += 1
         while pos < stop and self.active_fd >= 0 and not self._active_is_last:
             data = os.pread(self.active_fd, min(1 << 20, stop - pos), pos - self.base)

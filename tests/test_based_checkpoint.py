@@ -507,3 +507,25 @@ async def test_a_checkpoint_of_layout_2_is_still_read(storage: Path, loads: list
     async with await _open(storage) as store:
         assert await _facts(store) == want
     _valid(storage)
+
+
+async def test_verify_compares_a_checkpoints_keys(storage: Path) -> None:
+    """The fold equals a checkpoint's state only with the same message keys (compared without a copy): a
+    state whose keys differ in one place is not the log's."""
+    from context_persistent.checkpoint import decode as decode_checkpoint
+    from context_persistent.repair import _same_state, _Walk
+
+    store = await _open(storage)
+    for i in range(3 * EVERY):
+        await store.add_message({"role": "user", "content": f"m{i}"})
+    await store.close()
+    folder = storage / S
+    walk = _Walk(folder / LOG_NAME, (folder / LOG_NAME).stat().st_size, fold=True, session_id=S).run()
+    assert walk.state is not None
+    stored = decode_checkpoint(FileCheckpointStore(folder).read_sync()).state
+    assert stored is not None and len(stored["keys"]) > EVERY
+    assert _same_state(walk.state, stored, folder)
+    changed = dict(stored, keys=[*stored["keys"][:-1], stored["keys"][-1] + 1])
+    assert not _same_state(walk.state, changed, folder)
+    assert not _same_state(walk.state, dict(stored, keys=stored["keys"][:-1]), folder)
+    assert verify(folder, S).checkpoint["status"] == "valid"
