@@ -4,15 +4,17 @@ counted after appends, large texts counted in a worker thread so the event loop 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Iterator
 
-from .projection import LazyList
+from .projection import LazyList, PagedList, _resolve
 from .session import Session
 from .tokens import PIECE, message_text
 
 #: Messages with at least this many characters of text are tokenised in a worker thread (see
 #: ``TokenLedger.count_large_off_loop``): about 10-50 ms of tiktoken at this size, and seconds for megabytes.
 LARGE_TEXT = PIECE
+#: Uncounted messages read from the log per run when a whole history is counted (``TokenLedger.counts``).
+COUNT_RUN = 1024
 
 
 class TokenLedger:
@@ -60,10 +62,9 @@ class TokenLedger:
                 first = -1
             if first >= 0:
                 count = s.counter.count_message
-                msgs = state.messages
-                for i in range(first, len(tokens)):
-                    if tokens[i] is None:
-                        tokens[i] = count(msgs[i])
+                for idx, messages in self._uncounted_runs(state, first):
+                    for i, m in zip(idx, messages):
+                        tokens[i] = count(m)
             self._hint = (s.epoch, len(tokens), tokens)
             state.counted_version = state.version
             s.token_total_hint = (s.epoch, len(tokens), tokens, sum(tokens))  # type: ignore[arg-type]
@@ -108,6 +109,26 @@ class TokenLedger:
         """The whole history's token count (counting what is not counted yet)."""
         known = self.known_total()
         return known if known is not None else sum(self.counts())
+
+    @staticmethod
+    def _uncounted_runs(state: Any, first: int) -> Iterator[tuple[list[int], list[Any]]]:
+        """The uncounted messages from index ``first`` on, ``COUNT_RUN`` at a time: ``(indices, messages)``.
+
+        A paged history's messages are read from the log together, a run per read (``MessageReader.fetch_many``)
+        and not kept in its cache: counting a whole history holds one run in memory, not the history, and
+        does not evict what the request view reads."""
+        tokens, msgs = state.tokens, state.messages
+        paged = type(msgs) is PagedList
+        n = len(tokens)
+        i = first
+        while i < n:
+            idx = []
+            while i < n and len(idx) < COUNT_RUN:
+                if tokens[i] is None:
+                    idx.append(i)
+                i += 1
+            if idx:
+                yield idx, (_resolve([msgs.items[j] for j in idx], msgs.pager) if paged else [msgs[j] for j in idx])
 
     def count_indices(self, indices: Any) -> list[int | None]:
         """Count only the messages at ``indices`` (cached in the projection); the others stay as they are.
