@@ -434,15 +434,19 @@ async def _stats(args: argparse.Namespace) -> int:
 
     async with await _open(args, args.session) as store:
         count = store._counter.count_message
-        views = {"full": await store.get_token_count(), "conversation": 0, "reasoning": 0}
-        async for m in history_messages(store):  # one pass, a message at a time: the history is never held
-            role = m.get("role")
-            n = count(m) if role in REASONING_ROLES else 0
-            views["reasoning"] += n
-            if role in ("user", "assistant"):
-                kept = text_only(m)
-                if kept is not None:
-                    views["conversation"] += n if kept == m else count(kept)
+        # The history's total is kept with its checkpoint (no message read); the conversation and reasoning
+        # views are counted only when asked: that tokenises the whole history.
+        views = {"full": await store.get_token_count()}
+        if args.tokens:
+            views.update(conversation=0, reasoning=0)
+            async for m in history_messages(store):  # one pass, a message at a time: the history is never held
+                role = m.get("role")
+                n = count(m) if role in REASONING_ROLES else 0
+                views["reasoning"] += n
+                if role in ("user", "assistant"):
+                    kept = text_only(m)
+                    if kept is not None:
+                        views["conversation"] += n if kept == m else count(kept)
         budget, source = store.resolve_budget(args.budget)
         request = await store.get_messages_for_request(token_budget=args.budget)
         views["request"] = sum(count(m) for m in request)
@@ -466,6 +470,8 @@ async def _stats(args: argparse.Namespace) -> int:
             ["pinned", st["pinned"]],
             ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
     rows += [[f"tokens: {k}", v] for k, v in views.items()]
+    if not args.tokens:
+        rows.append(["tokens: other views", "not counted (--tokens counts the conversation and reasoning views)"])
     made = st["last_compaction"]
     rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"
                  + ("" if made is None else f"; compacted: {made.get('strategy_used')}, "
@@ -685,9 +691,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = _parser(sub, common, "stats", "facts about a session: events, bytes, tokens per view, tokenizer, "
                 "last compaction", "  context-persistent stats my-session\n"
-                "  context-persistent stats my-session --budget 8000 --json\n")
+                "  context-persistent stats my-session --budget 8000 --json\n"
+                "  context-persistent stats my-session --tokens\n")
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.add_argument("--tokens", action="store_true",
+                   help="also count the conversation and reasoning views' tokens (reads the whole history)")
     p.set_defaults(func=_run(_stats))
 
     p = _parser(sub, common, "tail", "print the last events of a session; -f follows new ones live",
