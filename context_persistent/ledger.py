@@ -4,7 +4,7 @@ counted after appends, large texts counted in a worker thread so the event loop 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .projection import LazyList, PagedList, _resolve
 from .session import Session
@@ -15,6 +15,10 @@ from .tokens import PIECE, message_text
 LARGE_TEXT = PIECE
 #: Uncounted messages read from the log per run when a whole history is counted (``TokenLedger.counts``).
 COUNT_RUN = 1024
+
+
+def _count_all(count: Callable[[Any], int], messages: list[Any]) -> list[int]:
+    return [count(m) for m in messages]
 
 
 class TokenLedger:
@@ -122,7 +126,7 @@ class TokenLedger:
         n = len(tokens)
         i = first
         while i < n:
-            idx = []
+            idx: list[int] = []
             while i < n and len(idx) < COUNT_RUN:
                 if tokens[i] is None:
                     idx.append(i)
@@ -176,6 +180,33 @@ class TokenLedger:
             if message is not None and len(message_text(message)) >= LARGE_TEXT:
                 large.append((i, message))
         return large
+
+    async def count_missing_off_loop(self) -> None:
+        """Count every message not counted yet (a history replayed or opened without counts), a run of
+        ``COUNT_RUN`` messages at a time, each run tokenised in a worker thread: the event loop runs between
+        and during runs, and memory holds one run. Nothing to do when the total is known (:meth:`summed`): the
+        checkpoint the store opened from recorded it, or the history was counted since. The counts are kept
+        in the history; the next checkpoint records them and their total, so this is paid once."""
+        s = self._s
+        if self.summed() is not None or self._estimator_replaced_encoding():
+            return  # (the total is known; or counts() is about to count everything again with the estimator)
+        state = s.full()
+        tokens, messages = state.tokens, state.messages
+        if None not in tokens:
+            return
+        counter = s.counter
+        counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
+        count = counter.count_message
+        paged = type(messages) is PagedList
+        for idx, run in self._uncounted_runs(state, 0):
+            items = [messages.items[i] if paged else messages[i] for i in idx]  # type: ignore[attr-defined]
+            counted = await asyncio.to_thread(_count_all, count, run)
+            if s.state is not state or state.tokens is not tokens or state.messages is not messages:
+                return  # (the history was rebuilt meanwhile: what is left is counted when asked)
+            now = messages.items if paged else messages  # type: ignore[attr-defined]
+            for i, item, n in zip(idx, items, counted):
+                if i < len(now) and now[i] is item and tokens[i] is None:
+                    tokens[i] = n
 
     async def count_large_off_loop(self) -> None:
         """Count the uncounted messages whose text is long (``LARGE_TEXT`` characters or more) in a worker

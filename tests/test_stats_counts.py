@@ -88,3 +88,38 @@ async def test_a_reopen_without_counting_keeps_the_recorded_total(tmp_path: Path
         assert pager is not None
         assert store.stats()["tokens"] == total and pager.reads == 0
     assert await _recount(storage, tmp_path) == total
+
+
+async def test_get_token_count_counts_the_missing_off_the_loop_and_survives_appends(tmp_path: Path,
+                                                                                    monkeypatch: Any) -> None:
+    import asyncio
+
+    from context_persistent import ledger
+
+    storage = tmp_path / "store"
+    await _uncounted_session(storage, 600)
+    runs = []
+    real = asyncio.to_thread
+
+    async def to_thread(fn: Any, *args: Any) -> Any:
+        runs.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(ledger.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(ledger, "COUNT_RUN", 500)
+    async with await _open(storage) as store:
+        n = len(store._state.tokens)
+        counting = asyncio.ensure_future(store.get_token_count())
+        await asyncio.sleep(0)
+        await store.add_message({"role": "user", "content": "added while counting " * 20})  # the loop runs
+        total = await counting
+        assert len(runs) >= n // 500  # (a worker thread per run)
+        pager = store._s.pager
+        assert pager is not None
+        read = pager.reads
+        assert store.stats()["tokens"] == await store.get_token_count() and pager.reads == read
+        assert None not in store._state.tokens and total <= store.stats()["tokens"]
+        final = store.stats()["tokens"]
+    async with await _open(storage) as store:
+        assert store._checkpoints.loaded_total is not None and store.stats()["tokens"] == final
+    assert await _recount(storage, tmp_path) == final
