@@ -123,3 +123,43 @@ async def test_get_token_count_counts_the_missing_off_the_loop_and_survives_appe
     async with await _open(storage) as store:
         assert store._checkpoints.loaded_total is not None and store.stats()["tokens"] == final
     assert await _recount(storage, tmp_path) == final
+
+
+async def _compacted_session(storage: Path) -> None:
+    async with await _open(storage) as store:
+        await store.add_message({"role": "system", "content": "You are helpful."})
+        for budget in (3000, 2000, 1500):  # three compactions, each recorded with the next event written
+            await store.add_messages(tool_turns(60))
+            await store.get_messages_for_request(token_budget=budget)
+        await store.add_messages(tool_turns(5))  # (records after the newest compaction)
+
+
+def test_cli_stats_finds_the_newest_compaction_record_reading_back_from_the_end(tmp_path: Path,
+                                                                                capsys: Any) -> None:
+    import asyncio
+    import json
+
+    from context_persistent.cli import main
+    from context_persistent.log import scan
+
+    storage = tmp_path / "store"
+    asyncio.run(_compacted_session(storage))
+    records = [r for r, _ in scan(storage / S / "events.jsonl") if r["type"] == "compacted"]
+    assert len(records) >= 2
+    assert main(["--storage", str(storage), "stats", S, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["recorded_compaction"]
+    newest = records[-1]
+    assert got == {"at_seq": newest["seq"] - 1, "ts": newest["ts"], "seq": newest["seq"], **newest["data"]}
+    # The record came from the backward read, which stops at it (not from the forward read of the whole log).
+    from context_persistent.backends import open_log
+    from context_persistent.cli.inspect import _newest_backwards
+
+    async def backwards() -> Any:
+        log = await open_log(storage, S, {**CONFIG, "storage_path": str(storage)}, readonly=True)
+        try:
+            return _newest_backwards(log, ["compacted"]), _newest_backwards(log, ["no_such_type"])
+        finally:
+            await log.close()
+
+    found, none = asyncio.run(backwards())
+    assert found == newest and none is None

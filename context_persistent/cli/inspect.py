@@ -405,16 +405,45 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
     last = None
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
     try:
-        async for batch in log.read_batches():
-            for rec in batch:
-                if rec["type"] in kinds:
-                    last = rec
+        last = _newest_backwards(log, kinds)
+        if last is None:  # (no file log, none found, or a line that does not decode: the forward read says why)
+            async for batch in log.read_batches():
+                for rec in batch:
+                    if rec["type"] in kinds:
+                        last = rec
     finally:
         await log.close()
     if last is None:
         return None
     data = last["data"] if isinstance(last.get("data"), dict) else {}
     return {"at_seq": last["seq"] - 1, "ts": last["ts"], "seq": last["seq"], **data}
+
+
+def _newest_backwards(log: Any, kinds: list[str]) -> dict[str, Any] | None:
+    """The newest record of a type in ``kinds``, read from the end of a file log backwards (the one a
+    session's stats look for is usually among its last records); None when the log is not a file log,
+    holds none, or a line on the way fails to decode (the caller then reads forwards, which reports it)."""
+    from .. import codec
+    from ..log import FileEventLog
+
+    if not isinstance(log, FileEventLog) or not isinstance(log.position, int):
+        return None
+    wanted = [f'"type":"{k}"'.encode() for k in kinds]
+    with log.reader() as reader:
+        position = log.position
+        while position > 0:
+            line = reader.line_ending_at(position)
+            if not line.endswith(b"\n"):
+                return None
+            position -= len(line)
+            if any(w in line for w in wanted):  # (a cheap filter; the record is decoded and checked below)
+                try:
+                    rec = codec.decode(line)
+                except (codec.RecordError, ValueError):
+                    return None
+                if rec.get("type") in kinds:
+                    return rec
+    return None
 
 
 def _describe_compaction(d: dict[str, Any]) -> str:
