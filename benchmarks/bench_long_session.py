@@ -4,8 +4,9 @@ The data: a realistic agent mix averaging about 4 KB a message (long_data.py; 1M
 log), generated once and cached between runs (``.bench-cache/``, or ``$CP_BENCH_CACHE``), in our log, the
 reference module's ``context-messages.jsonl`` and openai-agents ``SQLiteSession``'s database.
 
-Each run first opens and closes the session once (a cold replay of the log, whose close writes the
-checkpoint the steps then open from, as after any normal close). Then every step runs in a FRESH interpreter, so
+Each run first opens and closes the session once (a cold replay of the log, then a request view and a token
+count, which count every message once, and the close, which writes the checkpoint the steps then open from, as
+after any normal close). Then every step runs in a FRESH interpreter, so
 its peak memory is its own; steps that need an open store open it first, untimed:
 
 - open: ``PersistentContextManager.open`` (durable defaults);
@@ -160,7 +161,8 @@ print(json.dumps(result))
 #: ``{out}`` is a file in the working folder).
 CLI_COMMANDS = (("verify", ["verify", "s"]), ("export to JSONL", ["export", "s", "{out}.jsonl"]),
                 ("export to JSON", ["export", "s", "{out}.json"]), ("tail", ["tail", "s"]),
-                ("show -n 20", ["show", "s", "-n", "20"]), ("stats", ["stats", "s"]), ("ls", ["ls"]))
+                ("show -n 20", ["show", "s", "-n", "20"]), ("stats", ["stats", "s"]),
+                ("stats --tokens", ["stats", "s", "--tokens"]), ("ls", ["ls"]))
 
 CLI_CHILD = """
 import json, os, sys, time
@@ -187,7 +189,10 @@ async def main():
     opened = time.perf_counter() - t
     peak = peak_rss_kb()
     t = time.perf_counter()
-    await store.get_messages_for_request()  # counts every message, as an agent's request views did
+    await store.get_messages_for_request()  # (a windowed rebuild on a long history: counts only its window)
+    # The first token count after a replay counts what no request view did, once; the close then records the
+    # counts and their total with the checkpoint the steps open from.
+    await store.get_token_count()
     counted = time.perf_counter() - t
     await store.close()
     return {"seconds": opened, "count_seconds": counted, "peak_kb": peak, "close_peak_kb": peak_rss_kb()}
@@ -466,8 +471,9 @@ def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessio
         rows.append(info(GROUP, f"{label}: first open, replaying the whole log (no checkpoint)",
                          prep["seconds"] * 1000, "ms",
                          note=stop_note([prep]) if prep.get("stopped") else
-                         f"peak RSS {_mb(prep['peak_kb']):,.0f} MB; then a request view counts every message "
-                         f"({prep['count_seconds']:.1f} s) and the close writes the checkpoint the steps open from"))
+                         f"peak RSS {_mb(prep['peak_kb']):,.0f} MB; then a request view and a token count count every "
+                         f"message ({prep['count_seconds']:.1f} s, once) and the close writes the checkpoint the "
+                         "steps open from, with the counts and their total"))
         for step in STEPS:
             xs = got["ours"][step]
             stopped = _stopped(xs)

@@ -4,15 +4,21 @@ counted after appends, large texts counted in a worker thread so the event loop 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from .projection import LazyList
+from .projection import LazyList, PagedList, _resolve
 from .session import Session
 from .tokens import PIECE, message_text
 
 #: Messages with at least this many characters of text are tokenised in a worker thread (see
 #: ``TokenLedger.count_large_off_loop``): about 10-50 ms of tiktoken at this size, and seconds for megabytes.
 LARGE_TEXT = PIECE
+#: Uncounted messages read from the log per run when a whole history is counted (``TokenLedger.counts``).
+COUNT_RUN = 1024
+
+
+def _count_all(count: Callable[[Any], int], messages: list[Any]) -> list[int]:
+    return [count(m) for m in messages]
 
 
 class TokenLedger:
@@ -60,10 +66,9 @@ class TokenLedger:
                 first = -1
             if first >= 0:
                 count = s.counter.count_message
-                msgs = state.messages
-                for i in range(first, len(tokens)):
-                    if tokens[i] is None:
-                        tokens[i] = count(msgs[i])
+                for idx, messages in self._uncounted_runs(state, first):
+                    for i, m in zip(idx, messages):
+                        tokens[i] = count(m)
             self._hint = (s.epoch, len(tokens), tokens)
             state.counted_version = state.version
             s.token_total_hint = (s.epoch, len(tokens), tokens, sum(tokens))  # type: ignore[arg-type]
@@ -108,6 +113,26 @@ class TokenLedger:
         """The whole history's token count (counting what is not counted yet)."""
         known = self.known_total()
         return known if known is not None else sum(self.counts())
+
+    @staticmethod
+    def _uncounted_runs(state: Any, first: int) -> Iterator[tuple[list[int], list[Any]]]:
+        """The uncounted messages from index ``first`` on, ``COUNT_RUN`` at a time: ``(indices, messages)``.
+
+        A paged history's messages are read from the log together, a run per read (``MessageReader.fetch_many``)
+        and not kept in its cache: counting a whole history holds one run in memory, not the history, and
+        does not evict what the request view reads."""
+        tokens, msgs = state.tokens, state.messages
+        paged = type(msgs) is PagedList
+        n = len(tokens)
+        i = first
+        while i < n:
+            idx: list[int] = []
+            while i < n and len(idx) < COUNT_RUN:
+                if tokens[i] is None:
+                    idx.append(i)
+                i += 1
+            if idx:
+                yield idx, (_resolve([msgs.items[j] for j in idx], msgs.pager) if paged else [msgs[j] for j in idx])
 
     def count_indices(self, indices: Any) -> list[int | None]:
         """Count only the messages at ``indices`` (cached in the projection); the others stay as they are.
@@ -155,6 +180,33 @@ class TokenLedger:
             if message is not None and len(message_text(message)) >= LARGE_TEXT:
                 large.append((i, message))
         return large
+
+    async def count_missing_off_loop(self) -> None:
+        """Count every message not counted yet (a history replayed or opened without counts), a run of
+        ``COUNT_RUN`` messages at a time, each run tokenised in a worker thread: the event loop runs between
+        and during runs, and memory holds one run. Nothing to do when the total is known (:meth:`summed`): the
+        checkpoint the store opened from recorded it, or the history was counted since. The counts are kept
+        in the history; the next checkpoint records them and their total, so this is paid once."""
+        s = self._s
+        if self.summed() is not None or self._estimator_replaced_encoding():
+            return  # (the total is known; or counts() is about to count everything again with the estimator)
+        state = s.full()
+        tokens, messages = state.tokens, state.messages
+        if None not in tokens:
+            return
+        counter = s.counter
+        counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
+        count = counter.count_message
+        paged = type(messages) is PagedList
+        for idx, run in self._uncounted_runs(state, 0):
+            items = [messages.items[i] if paged else messages[i] for i in idx]  # type: ignore[attr-defined]
+            counted = await asyncio.to_thread(_count_all, count, run)
+            if s.state is not state or state.tokens is not tokens or state.messages is not messages:
+                return  # (the history was rebuilt meanwhile: what is left is counted when asked)
+            now = messages.items if paged else messages  # type: ignore[attr-defined]
+            for i, item, n in zip(idx, items, counted):
+                if i < len(now) and now[i] is item and tokens[i] is None:
+                    tokens[i] = n
 
     async def count_large_off_loop(self) -> None:
         """Count the uncounted messages whose text is long (``LARGE_TEXT`` characters or more) in a worker

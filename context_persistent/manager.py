@@ -396,9 +396,13 @@ class PersistentContextManager:
 
     async def get_token_count(self) -> int:
         """Returns the tokens of the full history under the active counter (see ``stats()['tokenizer']``).
-        Raises StoreClosedError after ``close()``."""
+        Messages not counted yet (a history replayed without counting) are counted in worker threads, a run
+        at a time, so the event loop stays responsive; the next checkpoint records the counts and their
+        total. Raises StoreClosedError after ``close()``."""
         self._s.check_open()
         await self._ledger.count_large_off_loop()
+        await self._ledger.count_missing_off_loop()
+        self._s.check_open()
         return self._ledger.total()
 
     def resolve_budget(self, token_budget: int | None = None, provider: Any = None) -> tuple[int, str]:

@@ -120,13 +120,18 @@ def test_show_errors_exit_codes_and_debug(env: dict[str, str], sessions: Path) -
 
 def test_stats_json_and_human(env: dict[str, str], sessions: Path) -> None:
     """stats reports events, bytes, tokens per view, tokenizer, provenance and the last compaction (none)."""
-    data = json.loads(cli(env, "stats", "ref", "--json").stdout)
+    data = json.loads(cli(env, "stats", "ref", "--json", "--tokens").stdout)
     assert data["head_seq"] == 16 and data["events"] == {"session_started": 1, "message_added": 15}
     assert set(data["tokens_per_view"]) == {"full", "conversation", "reasoning", "request"}
     assert data["tokens_per_view"]["conversation"] < data["tokens_per_view"]["full"]
     assert data["tokenizer"] and data["last_compaction"] is None and data["imported"]["source"] == "reference"
-    p = cli(env, "stats", "ref")
+    p = cli(env, "stats", "ref", "--tokens")
     assert p.returncode == 0 and "tokens: conversation" in p.stdout and "last compaction" in p.stdout
+    # Without --tokens only the full history's total (kept with the counts) and the request view's are counted.
+    plain = json.loads(cli(env, "stats", "ref", "--json").stdout)
+    assert plain["tokens_per_view"] == {k: data["tokens_per_view"][k] for k in ("full", "request")}
+    p = cli(env, "stats", "ref")
+    assert p.returncode == 0 and "tokens: conversation" not in p.stdout and "--tokens counts" in p.stdout
 
 
 def test_tail_last_events_and_after(env: dict[str, str], sessions: Path) -> None:

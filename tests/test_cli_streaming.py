@@ -113,7 +113,7 @@ def test_stats_counts_views_a_message_at_a_time(storage: Path, capsys: pytest.Ca
 
     want = asyncio.run(_session(storage))
     no_lists()
-    got = json.loads(_run(capsys, storage, "stats", "s", "--json"))
+    got = json.loads(_run(capsys, storage, "stats", "s", "--json", "--tokens"))
     assert {k: got["tokens_per_view"][k] for k in ("full", "conversation", "reasoning")} == want["tokens"]
     assert got["messages"] == len(want["full"])
 

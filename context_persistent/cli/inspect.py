@@ -405,16 +405,45 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
     last = None
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
     try:
-        async for batch in log.read_batches():
-            for rec in batch:
-                if rec["type"] in kinds:
-                    last = rec
+        last = _newest_backwards(log, kinds)
+        if last is None:  # (no file log, none found, or a line that does not decode: the forward read says why)
+            async for batch in log.read_batches():
+                for rec in batch:
+                    if rec["type"] in kinds:
+                        last = rec
     finally:
         await log.close()
     if last is None:
         return None
     data = last["data"] if isinstance(last.get("data"), dict) else {}
     return {"at_seq": last["seq"] - 1, "ts": last["ts"], "seq": last["seq"], **data}
+
+
+def _newest_backwards(log: Any, kinds: list[str]) -> dict[str, Any] | None:
+    """The newest record of a type in ``kinds``, read from the end of a file log backwards (the one a
+    session's stats look for is usually among its last records); None when the log is not a file log,
+    holds none, or a line on the way fails to decode (the caller then reads forwards, which reports it)."""
+    from .. import codec
+    from ..log import FileEventLog
+
+    if not isinstance(log, FileEventLog) or not isinstance(log.position, int):
+        return None
+    wanted = [f'"type":"{k}"'.encode() for k in kinds]
+    with log.reader() as reader:
+        position = log.position
+        while position > 0:
+            line = reader.line_ending_at(position)
+            if not line.endswith(b"\n"):
+                return None
+            position -= len(line)
+            if any(w in line for w in wanted):  # (a cheap filter; the record is decoded and checked below)
+                try:
+                    rec = codec.decode(line)
+                except (codec.RecordError, ValueError):
+                    return None
+                if rec.get("type") in kinds:
+                    return rec
+    return None
 
 
 def _describe_compaction(d: dict[str, Any]) -> str:
@@ -434,15 +463,19 @@ async def _stats(args: argparse.Namespace) -> int:
 
     async with await _open(args, args.session) as store:
         count = store._counter.count_message
-        views = {"full": await store.get_token_count(), "conversation": 0, "reasoning": 0}
-        async for m in history_messages(store):  # one pass, a message at a time: the history is never held
-            role = m.get("role")
-            n = count(m) if role in REASONING_ROLES else 0
-            views["reasoning"] += n
-            if role in ("user", "assistant"):
-                kept = text_only(m)
-                if kept is not None:
-                    views["conversation"] += n if kept == m else count(kept)
+        # The history's total is kept with its checkpoint (no message read); the conversation and reasoning
+        # views are counted only when asked: that tokenises the whole history.
+        views = {"full": await store.get_token_count()}
+        if args.tokens:
+            views.update(conversation=0, reasoning=0)
+            async for m in history_messages(store):  # one pass, a message at a time: the history is never held
+                role = m.get("role")
+                n = count(m) if role in REASONING_ROLES else 0
+                views["reasoning"] += n
+                if role in ("user", "assistant"):
+                    kept = text_only(m)
+                    if kept is not None:
+                        views["conversation"] += n if kept == m else count(kept)
         budget, source = store.resolve_budget(args.budget)
         request = await store.get_messages_for_request(token_budget=args.budget)
         views["request"] = sum(count(m) for m in request)
@@ -466,6 +499,8 @@ async def _stats(args: argparse.Namespace) -> int:
             ["pinned", st["pinned"]],
             ["tokenizer", st["tokenizer"] + ("" if st["tokenizer_exact"] else " (estimate)")]]
     rows += [[f"tokens: {k}", v] for k, v in views.items()]
+    if not args.tokens:
+        rows.append(["tokens: other views", "not counted (--tokens counts the conversation and reasoning views)"])
     made = st["last_compaction"]
     rows.append(["request view", f"{len(request)} messages at a {budget}-token budget ({source})"
                  + ("" if made is None else f"; compacted: {made.get('strategy_used')}, "
@@ -685,9 +720,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = _parser(sub, common, "stats", "facts about a session: events, bytes, tokens per view, tokenizer, "
                 "last compaction", "  context-persistent stats my-session\n"
-                "  context-persistent stats my-session --budget 8000 --json\n")
+                "  context-persistent stats my-session --budget 8000 --json\n"
+                "  context-persistent stats my-session --tokens\n")
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
+    p.add_argument("--tokens", action="store_true",
+                   help="also count the conversation and reasoning views' tokens (reads the whole history)")
     p.set_defaults(func=_run(_stats))
 
     p = _parser(sub, common, "tail", "print the last events of a session; -f follows new ones live",
