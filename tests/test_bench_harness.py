@@ -52,7 +52,8 @@ EXPECTED = {
                      "90: first request: reference module / ours", "90: peak RSS, first request: ours vs SQLiteSession",
                      "90: 20 appends: SQLiteSession / ours", "90: peak RSS, context-persistent verify",
                      "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
-    "segments": ["roll (seal) of a 1 MiB active segment", "roll and compress a 1 MiB segment",
+    "segments": ["the append that fills a 1 MiB segment and rolls it", "the append that rolls a 1 MiB segment, compress_sealed",
+                 "roll (seal) of a 1 MiB active segment opened with data", "compress a sealed 1 MiB segment",
                  "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment"],
 }
 
