@@ -14,7 +14,8 @@ them), with a frame index in the manifest: a random read decompresses one frame.
 one stream. ``zstandard`` is imported only when a compressed segment is read or written.
 
 Readers never take the writer lock. A roll renames ``events.jsonl`` to the new sealed name after the manifest
-lists it (docs/format.md, "Segments"); :class:`LogReader` resolves which file is which at that instant.
+lists it (docs/format.md, "Segments"); :class:`LogReader` resolves which file is which against a manifest that
+did not change while it looked, and finds a segment compressed after that in its ``.zst``.
 """
 
 from __future__ import annotations
