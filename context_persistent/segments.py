@@ -14,7 +14,8 @@ them), with a frame index in the manifest: a random read decompresses one frame.
 one stream. ``zstandard`` is imported only when a compressed segment is read or written.
 
 Readers never take the writer lock. A roll renames ``events.jsonl`` to the new sealed name after the manifest
-lists it (docs/format.md, "Segments"); :class:`LogReader` resolves which file is which at that instant.
+lists it (docs/format.md, "Segments"); :class:`LogReader` resolves which file is which against a manifest that
+did not change while it looked, and finds a segment compressed after that in its ``.zst``.
 """
 
 from __future__ import annotations
@@ -279,13 +280,17 @@ def _boundary(raw: Any, path: Path) -> Boundary | None:
 # -- manifest I/O ----------------------------------------------------------------------------------------
 def load_manifest(directory: Path, session_id: str) -> Manifest | None:
     """The manifest of the session folder ``directory``, or None for a single-file log (no manifest)."""
-    path = directory / MANIFEST_NAME
+    data = _manifest_bytes(directory)
+    return None if data is None else parse_manifest(data, directory / MANIFEST_NAME, session_id)
+
+
+def _manifest_bytes(directory: Path) -> bytes | None:
+    """The manifest file's bytes as they are now, or None when there is none."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        with open(directory / MANIFEST_NAME, "rb") as f:
+            return f.read()
     except FileNotFoundError:
         return None
-    return parse_manifest(data, path, session_id)
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
@@ -455,6 +460,13 @@ def _open_ro(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
 class LogReader:
     """A consistent view of a session's log files for reading by global position (never takes the lock).
 
@@ -478,37 +490,47 @@ class LogReader:
                     raise
 
     def _resolve(self) -> None:
+        """Open ``events.jsonl``, read the manifest, and decide what the opened file is for that manifest.
+
+        The manifest is read twice, before and after the checks, and must not change in between (else
+        FileNotFoundError: look again). A writer renames files only while one manifest stands (a roll between
+        its commit and its end lists a pending seal), so the checks see files that belong to that manifest: the
+        opened file is the active segment, or the segment the manifest is sealing (renamed or not yet), or it
+        is stale (look again). Inode numbers identify files: the one held open cannot be reused meanwhile."""
         try:
             self.active_fd = _open_ro(self.directory / LOG_NAME)
         except FileNotFoundError:
             self.active_fd = -1
-        manifest = load_manifest(self.directory, self.session_id)
+        raw = _manifest_bytes(self.directory)
+        path = self.directory / MANIFEST_NAME
+        manifest = parse_manifest(raw, path, self.session_id) if raw is not None else None
         self.manifest = manifest if manifest is not None else Manifest(self.session_id)
         #: Set when the active file is in fact the last sealed segment (a roll between its two renames).
         self._active_is_last = False
         last = self.manifest.segments[-1] if self.manifest.segments else None
         if self.active_fd >= 0:
             ours = os.fstat(self.active_fd).st_ino
-            try:
-                now: int | None = os.stat(self.directory / LOG_NAME).st_ino
-            except FileNotFoundError:
-                now = None
-            if now != ours:  # events.jsonl changed since we opened it: a roll (or a rewrite) meanwhile
-                try:
-                    sealed_as = os.stat(self.directory / last.name).st_ino if last is not None else None
-                except FileNotFoundError:
-                    sealed_as = None
-                if sealed_as != ours:
-                    raise FileNotFoundError("the active segment changed while it was opened")  # (look again)
-                os.close(self.active_fd)  # the manifest lists what we hold as its last segment
-                self.active_fd = -1
-                return
-        if last is not None and not any(os.path.exists(self.directory / n) for n in (last.name, last.name + ZST)):
-            if self.active_fd < 0:
-                raise FileNotFoundError(f"{self.directory / last.file} is missing")
-            self._active_is_last = True  # the manifest lists it, the rename has not happened yet
-        if self.active_fd < 0 and not self.manifest.segments:
+            active_now = _inode(self.directory / LOG_NAME)  # (first: the order matters, see below)
+            last_now = _inode(self.directory / last.name) if last is not None else None
+            sealing = last is not None and {"op": "seal", "name": last.name} in self.manifest.pending
+            if last_now == ours:  # the manifest lists what we hold as its last segment, renamed already
+                if sealing:
+                    self._active_is_last = True
+                else:  # (sealed before the manifest was read: what we hold is no longer the active one)
+                    os.close(self.active_fd)
+                    self.active_fd = -1
+            elif active_now != ours:
+                raise FileNotFoundError("the active segment changed while it was opened")  # (look again)
+            elif sealing and last_now is None:
+                # The seal's rename had not happened when the sealed name was looked at, after
+                # events.jsonl was: what we hold is the file being sealed, not the next active one.
+                self._active_is_last = True
+        elif last is None:
             raise FileNotFoundError(f"no {LOG_NAME} in {self.directory}")
+        elif not any(os.path.exists(self.directory / n) for n in (last.name, last.name + ZST)):
+            raise FileNotFoundError(f"{self.directory / last.file} is missing")
+        if _manifest_bytes(self.directory) != raw:
+            raise FileNotFoundError(f"{path} changed while the log's files were looked at")  # (look again)
 
     @property
     def base(self) -> int:
@@ -556,17 +578,29 @@ class LogReader:
             if self._active_is_last and i == len(self.manifest.segments) - 1:
                 fd = os.dup(self.active_fd)
             else:
-                try:
-                    fd = _open_ro(self.directory / seg.file)
-                except FileNotFoundError:
-                    if seg.compressed is None:  # compressed since the manifest was read: the same bytes
-                        seg = self._compressed_now(seg)
-                        fd = _open_ro(self.directory / seg.file)
-                    else:
-                        fd = _open_ro(self.directory / seg.name)  # compressed, the plain copy not yet removed
-                        seg = replace(seg, compressed=None)
+                seg, fd = self._open_segment(seg)
             f = self._files[i] = SegmentFile(self.directory, seg, fd)
         return f
+
+    def _open_segment(self, seg: Segment) -> tuple[Segment, int]:
+        """The file of sealed segment ``seg`` opened, and its entry as that file stores it: a compression
+        may replace the plain file by ``.zst`` at any time (the ``.zst`` is in place before the plain one
+        goes), so each form is looked for in turn until one is found."""
+        for _ in range(_ATTEMPTS):
+            if seg.compressed is None:
+                try:
+                    return seg, _open_ro(self.directory / seg.name)
+                except FileNotFoundError:  # compressed since the manifest was read: the same bytes
+                    seg = self._compressed_now(seg)
+            try:
+                return seg, _open_ro(self.directory / seg.file)
+            except FileNotFoundError:
+                pass
+            try:  # compressed, the plain copy not yet removed
+                return replace(seg, compressed=None), _open_ro(self.directory / seg.name)
+            except FileNotFoundError:
+                pass  # removed right after the .zst was put in place: look for it again
+        raise FileNotFoundError(f"{self.directory / seg.file} is missing")
 
     def _compressed_now(self, seg: Segment) -> Segment:
         """The entry of ``seg`` in the manifest as it is now, if the writer compressed it meanwhile (same name,
