@@ -368,6 +368,30 @@ def find_entry(entries: dict[str, Entry], name: str, list_command: str) -> Entry
     return entry
 
 
+def purge_plan(entries: dict[str, Entry], names: list[str] | None, list_command: str, now: datetime, *,
+               force: bool, reason: str) -> tuple[list[tuple[Entry, dict[str, Any], dict[str, Any]]], list[dict[str, Any]]]:
+    """What a purge does (the file and the PostgreSQL trash alike): for each entry to delete, its ``purged``
+    ledger record and its result row; and the entries refused (still within their grace period, no ``force``).
+    ``names`` None: every entry in the trash; otherwise each as :func:`find_entry` resolves it."""
+    if names is None:
+        chosen = [e for e in entries.values() if e.state in (TRASHED, RESTORE_CANCELLED)]
+    else:
+        chosen = [find_entry(entries, n, list_command) for n in names]
+    todo, refused = [], []
+    for entry in chosen:
+        due = purge_due(entry.trashed_at, entry.data.get("grace_days", 0), now)
+        if not due and not force:
+            refused.append({"entry": entry.name, "purge_after": entry.data["purge_after"],
+                            "why": "within its grace period (give --force to purge it now)"})
+            continue
+        record = {"entry": entry.name, "session_id": entry.session_id, "forced": not due,
+                  "reason": reason or ("grace period over" if due else "forced"),
+                  "bytes": entry.data["bytes"], "log": entry.data["log"]}
+        todo.append((entry, record, {"entry": entry.name, "session_id": entry.session_id,
+                                     "bytes": entry.data["bytes"], "forced": not due}))
+    return todo, refused
+
+
 def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundary_crc: str, *,
                  segments: list[dict[str, Any]], rule: str, reason: str, policy: dict[str, Any],
                  expired_at: str) -> dict[str, Any]:
@@ -429,4 +453,4 @@ def fold_after_expiry(session_id: str, data: dict[str, Any], records: Any) -> An
 
 __all__ = ["DEFAULT_GRACE_DAYS", "ENTRY_SEP", "Entry", "Expiry", "LEDGER_TYPES", "POLICY_KEYS", "Plan", "RULES",
            "RetentionPolicy", "SEGMENTS_CANCELLED", "SEGMENTS_TRASHED", "SEGMENT_RULES", "SegmentExpiry", "SegmentInfo",
-           "SessionInfo", "expired_data", "find_entry", "fold", "fold_after_expiry", "plan", "plan_segments", "purge_due"]
+           "SessionInfo", "expired_data", "find_entry", "fold", "fold_after_expiry", "plan", "plan_segments", "purge_due", "purge_plan"]

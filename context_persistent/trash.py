@@ -31,7 +31,7 @@ from .paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_s
 from .segments import MANIFEST_NAME as _MANIFEST  # (a folder holding only it is a session: a roll killed midway)
 from .retention import (CANCELLED, ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, SEGMENTS_CANCELLED, TRASHED, Entry,
                         Expiry, Plan, RetentionPolicy, SegmentExpiry, SegmentInfo, SessionInfo, find_entry, fold, plan,
-                        purge_due)
+                        purge_plan)
 from .segments import LogReader, load_manifest
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
@@ -551,24 +551,13 @@ async def purge(storage: str | os.PathLike[str], names: list[str] | None = None,
     ledger = await Ledger.open(root)
     try:
         await reconcile(ledger)
-        if names is None:
-            chosen = [e for e in ledger.entries.values() if e.state in (TRASHED, RESTORE_CANCELLED)]
-        else:
-            chosen = [_find(ledger, n) for n in names]
-        purged, refused = [], []
-        for entry in chosen:
-            due = purge_due(entry.trashed_at, entry.data.get("grace_days", 0), when)
-            if not due and not force:
-                refused.append({"entry": entry.name, "purge_after": entry.data["purge_after"],
-                                "why": "within its grace period (give --force to purge it now)"})
-                continue
-            await ledger.append(PURGED, {"entry": entry.name, "session_id": entry.session_id,
-                                         "forced": not due, "reason": reason or ("grace period over" if due else
-                                                                                 "forced"),
-                                         "bytes": entry.data["bytes"], "log": entry.data["log"]})
+        todo, refused = purge_plan(ledger.entries, names, "context-persistent trash list", when, force=force,
+                                   reason=reason)
+        purged = []
+        for entry, record, row in todo:
+            await ledger.append(PURGED, record)  # (recorded before it is deleted)
             _remove(root, entry.name)
-            purged.append({"entry": entry.name, "session_id": entry.session_id, "bytes": entry.data["bytes"],
-                           "forced": not due})
+            purged.append(row)
         return {"purged": purged, "refused": refused}
     finally:
         await ledger.close()

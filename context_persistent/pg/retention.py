@@ -20,7 +20,7 @@ from typing import Any
 from .. import codec
 from ..errors import LedgerError, SessionLockedError, SessionNotFoundError
 from ..retention import (ENTRY_SEP, PURGED, RESTORE_CANCELLED, RESTORED, TRASHED, Entry, Expiry, Plan, RetentionPolicy,
-                         SessionInfo, find_entry, fold, plan, purge_due)
+                         SessionInfo, find_entry, fold, plan, purge_plan)
 from .connection import connect, lock_key, translated
 from .dsn import redact_dsn, resolve_dsn, resolve_schema
 from .schema import _check_version, _schema_version, ensure_schema
@@ -301,25 +301,15 @@ async def purge_pg(dsn: str | None, schema: str | None, names: list[str] | None 
     when = _now(now)
     store = await _open(dsn, schema, write=True)
     try:
-        if names is None:
-            chosen = [e for e in store.entries.values() if e.state in (TRASHED, RESTORE_CANCELLED)]
-        else:
-            chosen = [_find(store, n) for n in names]
-        purged, refused = [], []
-        for entry in chosen:
-            due = purge_due(entry.trashed_at, entry.data.get("grace_days", 0), when)
-            if not due and not force:
-                refused.append({"entry": entry.name, "purge_after": entry.data["purge_after"],
-                                "why": "within its grace period (give --force to purge it now)"})
-                continue
+        todo, refused = purge_plan(store.entries, names, "context-persistent trash list --dsn ...", when, force=force,
+                                   reason=reason)
+        purged = []
+        for entry, record, row in todo:
             with translated(f"purging {entry.name} in schema {store.schema!r}"):
                 async with store.conn.transaction():
-                    await store.append(PURGED, {"entry": entry.name, "session_id": entry.session_id, "forced": not due,
-                                                "reason": reason or ("grace period over" if due else "forced"),
-                                                "bytes": entry.data["bytes"], "log": entry.data["log"]})
+                    await store.append(PURGED, record)
                     await store.conn.execute(store.q("DELETE FROM {s}.trash WHERE entry = $1"), entry.name)
-            purged.append({"entry": entry.name, "session_id": entry.session_id, "bytes": entry.data["bytes"],
-                           "forced": not due})
+            purged.append(row)
         return {"purged": purged, "refused": refused}
     finally:
         await store.conn.close()
