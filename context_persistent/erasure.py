@@ -104,6 +104,9 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
     """The tombstone data for erasing the messages at ``indices`` of ``rec`` (a message record or a tombstone
     of a ``messages_replaced`` record, erased again)."""
     kind, data, seq = rec["type"], rec["data"], rec["seq"]
+    expired = ev.expired_of(rec)
+    if expired is not None:
+        return _erased_expired(rec, expired, indices, reason, when)
     if kind == ev.ERASED:
         out = {k: v for k, v in data.items() if k != "pad"}
         out["messages"] = list(out["messages"])
@@ -127,8 +130,31 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
     return out
 
 
+def _erased_expired(rec: dict[str, Any], expired: dict[str, Any], indices: list[int], reason: str,
+                    when: str) -> dict[str, Any]:
+    """The tombstone data for erasing the carried copies at ``indices`` of an ``expired`` record (or of its
+    tombstone, erased again): the record's data is kept under ``expired``, each erased copy replaced by
+    ``{key, message: null, role}`` (the role keeps the system-prompt rule's placeholder right)."""
+    if rec["type"] == ev.ERASED:
+        out = {k: v for k, v in rec["data"].items() if k != "pad"}
+        out["erased"] = list(out["erased"])
+    else:
+        out = {"of": ev.EXPIRED, "erased": []}
+    out["reason"], out["erased_at"] = reason, when
+    carried = [dict(c) for c in expired["carried"]]
+    for i in indices:
+        m = carried[i]["message"]
+        blob = codec.dumps(m)
+        out["erased"].append({"index": i, "key": carried[i]["key"], "role": m.get("role"), "sha256": sha256(blob),
+                              "bytes": len(blob)})
+        carried[i] = {"key": carried[i]["key"], "message": None, "role": m.get("role")}
+    out["expired"] = {**expired, "carried": carried}
+    return out
+
+
 def message_slots(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """``(index, message)`` of every message a record holds (erased slots left out)."""
+    """``(index, message)`` of every message a record holds (erased slots left out); an ``expired`` record
+    holds its carried copies."""
     kind, data = rec["type"], rec["data"]
     if kind == ev.MESSAGE_ADDED:
         return [(0, data["message"])]
@@ -136,12 +162,18 @@ def message_slots(rec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
         return list(enumerate(data["messages"]))
     if kind == ev.ERASED and data.get("of") in LIST_RECORDS:
         return [(i, m) for i, m in enumerate(data["messages"]) if m is not None]
+    expired = ev.expired_of(rec)
+    if expired is not None:
+        return [(j, c["message"]) for j, c in enumerate(expired["carried"]) if c["message"] is not None]
     return []
 
 
 # -- finding the copies ---------------------------------------------------------------------------------
 def find_target(records: Any, seq: int, index: int) -> dict[str, Any]:
-    """The message at ``(seq, index)`` among ``records``; ValueError if no record holds one there."""
+    """The message at ``(seq, index)`` among ``records``: the record ``seq`` holds it, or an ``expired``
+    record carries a copy of it (its record expired); ValueError if none does."""
+    key = make_key(seq, index)
+    erased = False
     for rec in records:
         if rec["seq"] == seq:
             for i, m in message_slots(rec):
@@ -150,6 +182,14 @@ def find_target(records: Any, seq: int, index: int) -> dict[str, Any]:
             if rec["type"] == ev.ERASED:
                 raise ValueError(f"the message at seq {seq} (index {index}) is already erased")
             raise ValueError(f"seq {seq} is a {rec['type']} record, which holds no message at index {index}")
+        expired = ev.expired_of(rec) if rec["seq"] > seq else None
+        for c in expired["carried"] if expired is not None else ():
+            if c["key"] == key:
+                if c["message"] is not None:
+                    return c["message"]  # type: ignore[no-any-return]
+                erased = True
+    if erased:
+        raise ValueError(f"the message at seq {seq} (index {index}) is already erased")
     raise ValueError(f"seq {seq} is not in this session's log")
 
 
@@ -269,15 +309,24 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         def records() -> Any:
             return _scan_file(path, size)
     boundary = log.manifest.boundary if log.manifest is not None else None
-    if boundary is not None and seq <= boundary.last_seq:
-        raise ValueError(f"seq {seq} expired with the oldest log segments (seqs 1..{boundary.last_seq}); its "
-                         f"message is kept as a copy inside the expired record (seq {boundary.expired_seq}), which "
-                         "erase cannot rewrite: unpin it so that it leaves the next expiry, and purge the trash "
-                         "entry holding the expired segments (`context-persistent trash list`)")
-    message = find_target((r for r, *_ in records()), seq, index)
+    trashed = trash_files(directory.parent, log.session_id)
+    try:
+        message = find_target((r for r, *_ in records()), seq, index)
+    except ValueError:
+        if boundary is None or seq > boundary.last_seq:
+            raise
+        try:  # expired and not carried: only its trash entry may hold it
+            message = find_target((r for p in trashed for r, *_ in _scan_trash_file(p)), seq, index)
+        except ValueError as e:
+            if "already erased" in str(e):
+                raise
+            raise ValueError(f"seq {seq} expired with the oldest log segments (seqs 1..{boundary.last_seq}) and no "
+                             "expired record carries it nor any trash entry holds it (purged): nothing stored holds "
+                             "its bytes") from None
     needle = codec.dumps(message)
     digest = sha256(needle)
     when = codec.now_iso()
+    trash_changes = [(p, c) for p in trashed if (c := _trash_changes(p, needle, reason, when))]
     # 1. every record holding a copy, and its tombstone
     changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]] = []
     for rec, start, end, raw in records():
@@ -286,7 +335,9 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
             line = tombstone(rec, erased_data(rec, hits, reason, when))
             changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
     receipt = _receipt(store, message, needle, seq, index, reason, when)
-    receipt["removed_temp_files"] = clean_leftovers(directory)
+    receipt["removed_temp_files"] = clean_leftovers(directory) + [
+        f"{p.parent.name}/{name}" for p in {p.parent: p for p in trashed}.values()
+        for name in clean_leftovers(p.parent, trash=True)]
     receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
                            "bytes": end - start, "record_sha256": raw_digest}
                           for start, end, _, rec, hits, raw_digest in changes]
@@ -312,11 +363,18 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         n = _scrub_export(p, needle)
         if n:
             receipt["exports"].append({"where": str(p), "lines": n, "action": "rewritten"})
+    # 4. expired segments in the trash (segment retention): rewritten with the tombstones, like the log
+    receipt["trash"] = []
+    for p, trash_edits in trash_changes:
+        if _rewrite_trash_file(p, trash_edits):
+            receipt["trash"].append({"where": str(p), "entry": p.parent.name, "action": "rewritten",
+                                     "records": [{"seq": rec["seq"], "type": rec["type"], "indices": hits}
+                                                 for _, _, _, rec, hits in trash_edits]})
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
     if segmented:
         receipt["log"] = _erase_in_segments(log, changes)
         return receipt
-    # 4. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
+    # 5. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
     fd = create_private_file(directory, tmp.name)
     try:
@@ -395,17 +453,99 @@ def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
         left -= len(chunk)
 
 
+# -- expired segments in the trash ----------------------------------------------------------------------
+def trash_files(storage: Path, session_id: str) -> list[Path]:
+    """The segment files of ``session_id``'s trash entries of expired segments (segment retention), oldest
+    entry first."""
+    from .segments import SEGMENT_PREFIX
+    from .trash import entries_for, trash_dir
+
+    out = []
+    for name in entries_for(storage, session_id):
+        folder = trash_dir(storage) / name
+        try:
+            files = sorted(folder.iterdir())
+        except FileNotFoundError:  # (purged meanwhile)
+            continue
+        out += [p for p in files if p.name.startswith(SEGMENT_PREFIX) and p.name.endswith((".jsonl", ".jsonl.zst"))]
+    return out
+
+
+def _read_trash_file(path: Path) -> bytes:
+    from .segments import decompress_all
+
+    raw = path.read_bytes()
+    return decompress_all(raw) if path.name.endswith(".zst") else raw
+
+
+def _scan_trash_file(path: Path) -> Any:
+    """``(record, start, end, raw line)`` of every record of an expired segment in the trash; LogCorruptedError
+    for a line that is not a whole record (never skipped: the file may hold the erased bytes)."""
+    from .errors import LogCorruptedError
+
+    try:
+        data = _read_trash_file(path)
+    except FileNotFoundError:  # (purged meanwhile: nothing left to erase there)
+        return
+    start = 0
+    for n, line in enumerate(data.splitlines(keepends=True), 1):
+        try:
+            rec = codec.decode(line)
+        except codec.RecordError as e:
+            raise LogCorruptedError(str(path), n, start, f"{e}; an expired segment in the trash must hold whole "
+                                    "records for erase to rewrite it: nothing was erased") from None
+        yield rec, start, start + len(line), line
+        start += len(line)
+
+
+def _trash_changes(path: Path, needle: bytes, reason: str, when: str
+                   ) -> list[tuple[int, int, bytes, dict[str, Any], list[int]]]:
+    """``(start, end, tombstone, record, indices)`` of each record of a trashed segment holding ``needle``."""
+    out = []
+    for rec, start, end, _ in _scan_trash_file(path):
+        hits = _copies(rec, needle)
+        if hits:
+            out.append((start, end, tombstone(rec, erased_data(rec, hits, reason, when)), rec, hits))
+    return out
+
+
+def _rewrite_trash_file(path: Path, changes: list[tuple[int, int, bytes, dict[str, Any], list[int]]]) -> bool:
+    """Put the tombstones into a trashed segment (re-compressed if it was): a temp file, then one rename.
+    False when the file is gone (its trash entry was purged meanwhile)."""
+    from .segments import SEALED_MODE, compress
+
+    try:
+        data = bytearray(_read_trash_file(path))
+    except FileNotFoundError:
+        return False
+    for start, end, line, *_ in sorted(changes, key=lambda c: c[0], reverse=True):
+        data[start:end] = line
+    blob = compress(bytes(data))[0] if path.name.endswith(".zst") else bytes(data)
+    try:
+        _atomic_write(path, blob)
+    except FileNotFoundError:
+        return False
+    os.chmod(path, SEALED_MODE)
+    fsync_dir(path.parent)
+    return True
+
+
 #: Temp files a killed writer, repair or checkpoint leaves behind: copies of the log or of the history, removed
 #: before an erase (the caller holds the writer lock, so none of those is running).
 STALE_TEMPS = (LOG_NAME + ".repair-tmp", CHECKPOINT_NAME + ".tmp")
 
 
-def clean_leftovers(directory: Path) -> list[str]:
+def clean_leftovers(directory: Path, trash: bool = False) -> list[str]:
     """Remove temp files left behind by a killed erase (``*.erasing``: they never hold the erased message), a
-    killed repair or checkpoint write (they may hold a copy of it). Returns the names removed."""
+    killed repair or checkpoint write (they may hold a copy of it). Returns the names removed. ``trash``: a
+    trash entry's folder (only ``*.erasing`` files)."""
     gone = []
-    for p in directory.iterdir():
-        if p.name.endswith(TMP_SUFFIX) or p.name in STALE_TEMPS:
+    try:
+        items = list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    for p in items:
+        if p.name.endswith(TMP_SUFFIX) or (p.name in STALE_TEMPS and not trash):
             p.unlink(missing_ok=True)
             gone.append(p.name)
     return gone
@@ -451,6 +591,7 @@ async def erase_postgres(store: Any, seq: int, index: int, reason: str) -> dict[
     receipt["checkpoints"] = ([{"where": f"{log.schema}.checkpoints", "action": "deleted"}] if had_cp else [])
     receipt["side_files"] = []
     receipt["exports"] = []
+    receipt["trash"] = []  # (segment expiry is a file-backend feature: nothing of a session is trashed in part)
     receipt["log"] = {"where": str(log.path)}
     return receipt
 
@@ -517,6 +658,17 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
             for digest, length, how in _forms(receipt):
                 for at in _find_in(plain, digest, length):
                     problems.append(f"{p.name} holds {how} at offset {at} of its decompressed contents")
+    for p in trash_files(directory.parent, receipt.get("session_id") or directory.name):
+        plain = _read_trash_file(p)
+        for digest, length, how in _forms(receipt):
+            for at in _find_in(plain, digest, length):
+                problems.append(f"trash entry {p.parent.name}: {p.name} holds {how} at offset {at}"
+                                + (" of its decompressed contents" if p.name.endswith(".zst") else ""))
+        listed = {r["seq"] for t in receipt.get("trash", []) if t.get("where") == str(p) for r in t["records"]}
+        if listed:
+            recs = [r for r, *_ in _scan_trash_file(p) if r["seq"] in listed]
+            problems.extend(f"trash entry {p.parent.name}: {x}" for x in check_receipt_records(
+                recs, {"message": receipt["message"], "records": [{"seq": q} for q in sorted(listed)]}))
     log = directory / LOG_NAME
     from .segments import MANIFEST_NAME
 

@@ -35,6 +35,19 @@ AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, LOG_REPAIR
 
 _SHALLOW: Final = 2 * MAX_DEPTH
 
+
+def expired_of(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``expired`` data of a record: an ``expired`` record's own, or the one an erasure tombstone of an
+    ``expired`` record keeps (``data.expired``, with ``null`` for each erased carried message); else None."""
+    data = rec.get("data")
+    if not isinstance(data, dict):
+        return None
+    if rec.get("type") == EXPIRED:
+        return data
+    if rec.get("type") == ERASED and data.get("of") == EXPIRED and isinstance(data.get("expired"), dict):
+        return data["expired"]  # type: ignore[no-any-return]
+    return None
+
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 _ROLE_SET: Final = frozenset(ROLES)
 

@@ -18,6 +18,7 @@ from typing import Any
 from .paths import LOG_NAME
 
 from . import codec
+from . import events as ev
 from .errors import LogCorruptedError
 from .segments import LogReader
 
@@ -44,8 +45,9 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
         return None
     if rec.get("type") == "message_added":
         return data.get("message") if index == 0 else None
-    if rec.get("type") == "expired":  # a message it carries: ``carried[index]`` (segment retention)
-        carried = data.get("carried")
+    expired = ev.expired_of(rec)
+    if expired is not None:  # a message it carries: ``carried[index]`` (segment retention; null once erased)
+        carried = expired.get("carried")
         if isinstance(carried, list) and 0 <= index < len(carried) and isinstance(carried[index], dict):
             return carried[index].get("message")
         return None

@@ -556,9 +556,12 @@ class Projection:
                 self.keys = [make_key(seq, i) for i in kept]
                 self.tokens = [None] * len(kept)
                 self.pinned = set()
+        elif of == ev.EXPIRED:  # carried copies erased: those messages leave the views with the expired ones
+            self._apply_expired(seq, data["expired"], position, length)
+            return
         else:
-            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added, messages_replaced or "
-                             "system_prompt_set record")
+            raise ValueError(f"data.of is {of!r}; a tombstone replaces a message_added, messages_replaced, "
+                             "system_prompt_set or expired record")
         self.has_history = True
 
     def _apply_expired(self, seq: int, data: dict[str, Any], position: int | None = None, length: int = 0) -> None:
@@ -574,10 +577,13 @@ class Projection:
         if any(type(k) is not int or not 1 <= split_key(k)[0] <= hi for k in copies):
             raise ValueError("data.carried keys must be integers of messages the expired records (or earlier "
                              "expired ones) added")
+        erased = {c["key"] for c in data["carried"] if c["message"] is None}  # (erased copies: not carried)
+        for k in erased:
+            del copies[k]
         low, high = make_key(lo), make_key(hi, MAX_BATCH - 1)
 
         def stays(k: int) -> bool:
-            return k >= 0 and (not low <= k <= high or k in copies)
+            return k >= 0 and k not in erased and (not low <= k <= high or k in copies)
 
         messages: Any = self.messages
         if type(messages) is LazyList:
@@ -604,6 +610,7 @@ class Projection:
             self.tokens = [self.tokens[i] for i in keep]
         self.pinned = {k for k in self.pinned if stays(k)}
         self.removed.append((low, high))
+        self.removed.extend((k, k) for k in sorted(erased) if not low <= k <= high)
 
     @classmethod
     def seeded(cls, data: dict[str, Any], pager: Pager | None = None, position: int | None = None) -> "Projection":
@@ -612,10 +619,13 @@ class Projection:
         (``layout``), the pins of carried messages then, and the session's ``session_started`` data. With a
         ``pager`` and the record's ``position``, the carried messages are refs into the record."""
         lo, hi = expired_range(data, None)
-        carried = {c["key"]: (j, c["message"]) for j, c in enumerate(data["carried"])}
+        carried = {c["key"]: (j, c["message"]) for j, c in enumerate(data["carried"]) if c["message"] is not None}
+        erased = {c["key"]: c.get("role") for c in data["carried"] if c["message"] is None}
         p = cls(pager) if pager is not None else cls()
         items: list[Any] = []
         for item in data["layout"]:
+            if "key" in item and item["key"] in erased:  # an erased copy: a placeholder, as if not carried
+                item = {"run": "system" if erased[item["key"]] == "system" else "other"}
             if "key" in item:
                 key = item["key"]
                 j, message = carried[key]

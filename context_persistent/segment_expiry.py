@@ -29,6 +29,7 @@ from typing import Any
 
 from . import codec
 from .errors import LogCorruptedError
+from .events import expired_of
 from .log import FileEventLog
 from .paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, fsync_dir, make_private_dirs
 from .projection import Projection
@@ -68,9 +69,10 @@ def find_expired(log: FileEventLog, entry: str) -> tuple[dict[str, Any], int] | 
     needle = f'"entry":"{entry}"'.encode()
     with log.reader() as reader:
         for at, line in reader.lines(reader.start):
-            if b'"type":"expired"' in line and needle in line:
+            if (b'"type":"expired"' in line or b'"of":"expired"' in line) and needle in line:
                 rec = codec.decode(line)
-                if rec["data"].get("entry") == entry:
+                data = expired_of(rec)  # (an expired record, or its erasure tombstone)
+                if data is not None and data.get("entry") == entry:
                     return rec, at
     return None
 
@@ -92,7 +94,8 @@ def discard_checkpoint(directory: Path) -> None:
 def commit_and_move(log: FileEventLog, storage: Path, entry: str, rec: dict[str, Any]) -> Manifest:
     """Steps 3-5 for the ``expired`` record ``rec`` (already durable in the log)."""
     directory = log.directory
-    data = rec["data"]
+    data = expired_of(rec)
+    assert data is not None
     discard_checkpoint(directory)
     _step("expire-checkpoint")
     manifest = log.manifest

@@ -318,7 +318,7 @@ async def test_a_manifest_boundary_is_checked(storage: Path) -> None:
 @pytest.mark.parametrize("keep", [0, 1])
 async def test_erase_after_expiry(storage: Path, keep: int) -> None:
     """Erasure rewrites surviving records (positions after the boundary may move: the expired record is found
-    by its seq); a carried message cannot be erased, with a message saying why and what to do."""
+    by its seq); a carried message is erased from the expired record (tests/test_erase_expired.py)."""
     msgs = await _with_prompt_and_pin(storage, "seg", 40)
     await trash.apply_file(storage, RetentionPolicy(max_segments=keep))
     store = await PersistentContextManager.open(storage_path=storage, session_id="seg", segment_bytes=4096)
@@ -327,10 +327,10 @@ async def test_erase_after_expiry(storage: Path, keep: int) -> None:
     before = await store.get_messages()
     receipt = await store.erase(5)
     assert await store.verify_erasure(receipt) == []
-    with pytest.raises(ValueError, match="expired with the oldest log segments .* unpin it"):
-        await store.erase(1)  # the pinned message, carried by the expired record
-    want = before[:5] + before[6:]
-    assert await store.get_messages() == want and want[:2] == [msgs[0], msgs[2]]
+    receipt = await store.erase(1)  # the pinned message, carried by the expired record
+    assert await store.verify_erasure(receipt) == []
+    want = before[:1] + before[2:5] + before[6:]
+    assert await store.get_messages() == want and want[:2] == [msgs[0], before[2]]
     await store.close()
     assert verify(storage / "seg", "seg").ok
     store = await PersistentContextManager.open(storage_path=storage, session_id="seg")

@@ -85,6 +85,7 @@ def seed_state(log: Any, pager: Any) -> Projection:
         return Projection(pager)
     from .. import codec
     from ..errors import LogCorruptedError
+    from ..events import expired_of
 
     with log.reader() as reader:
         found = reader.find_seq(boundary.expired_seq)
@@ -98,8 +99,8 @@ def seed_state(log: Any, pager: Any) -> Projection:
             path, offset = reader.where(position)
             raise LogCorruptedError(str(path), 0, offset, f"the expired record the segment manifest names does not "
                                     f"decode ({e})") from None
-        data = rec.get("data")
-        if (rec["type"] != "expired" or not isinstance(data, dict)
+        data = expired_of(rec)  # (an expired record, or its erasure tombstone)
+        if (data is None
                 or data.get("last_seq") != boundary.last_seq or data.get("boundary_crc") != boundary.last_crc):
             path, offset = reader.where(position)
             raise LogCorruptedError(str(path), 0, offset, f"the record here (seq {rec['seq']}, {rec['type']}) is not "

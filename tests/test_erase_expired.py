@@ -1,0 +1,138 @@
+"""Erasure after segment expiry: a message carried by an ``expired`` record, and one whose only copy is an
+expired segment in the trash, are erased from the record and the trash files alike; the receipt lists where
+they were and ``verify_erasure`` checks every one of those files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from context_persistent import PersistentContextManager, trash
+from context_persistent.repair import verify
+from context_persistent.retention import RetentionPolicy
+from context_persistent.segments import decompress_all, load_manifest
+
+SID = "seg"
+
+
+async def _session(storage: Path, compress: bool, n: int = 40) -> list[dict[str, Any]]:
+    """A segmented session: a system prompt, ``n`` messages, the second one (index 2) pinned; then every
+    sealed segment but the newest expired into the trash."""
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096,
+                                                compress_sealed=compress)
+    msgs = [{"role": "system", "content": "be brief, secret prompt " + "p" * 40}]
+    msgs += [{"role": "user", "content": f"message {i} secret-{i:04d} " + "s" * 300} for i in range(n)]
+    for m in msgs:
+        await store.add_message(m)
+    await store.pin(2)
+    await store.close()
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert report["segments_expired"]
+    return msgs
+
+
+def _holders(storage: Path, needle: bytes) -> list[str]:
+    """Every file under the storage root holding ``needle`` (compressed segments searched decompressed)."""
+    out = []
+    for p in sorted(storage.rglob("*")):
+        if not p.is_file():
+            continue
+        data = p.read_bytes()
+        if p.name.endswith(".zst"):
+            data = decompress_all(data)
+        if needle in data or orjson.dumps(needle.decode())[1:-1] in data:
+            out.append(str(p.relative_to(storage)))
+    return out
+
+
+async def _reopened(storage: Path) -> list[dict[str, Any]]:
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, readonly=True)
+    try:
+        return await store.get_messages()
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("compress", [False, True])
+async def test_a_carried_message_is_erased_from_the_expired_record_and_the_trash(storage: Path,
+                                                                                 compress: bool) -> None:
+    msgs = await _session(storage, compress)
+    pinned = orjson.dumps(msgs[2])
+    assert any(".retention/trash" in h for h in _holders(storage, pinned))  # the original, expired
+    assert any(h.startswith(SID + "/") for h in _holders(storage, pinned))  # the copy the expired record carries
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
+    before = await store.get_messages()
+    assert before[:2] == [msgs[0], msgs[2]]
+    boundary = load_manifest(storage / SID, SID).boundary  # type: ignore[union-attr]
+    assert boundary is not None
+    receipt = await store.erase(1, reason="gdpr")
+    want = [before[0], *before[2:]]
+    assert await store.get_messages() == want
+    assert [(r["seq"], r["type"]) for r in receipt["records"]] == [(boundary.expired_seq, "expired")]
+    [moved] = receipt["trash"]
+    assert moved["entry"] == f"{SID}~1" and [r["seq"] for r in moved["records"]] == [4]  # message_added
+    assert _holders(storage, pinned) == []
+    assert await store.verify_erasure(receipt) == []
+    # the system prompt, carried too: its slot becomes a system placeholder, so the fold stays the same
+    prompt = orjson.dumps(msgs[0])
+    receipt2 = await store.erase(0)
+    assert await store.get_messages() == want[1:] and _holders(storage, prompt) == []
+    assert await store.verify_erasure(receipt2) == [] and await store.verify_erasure(receipt) == []
+    with pytest.raises(ValueError, match="already erased"):
+        await store.erase(seq=4)
+    await store.close()
+    assert verify(storage / SID, SID).ok
+    assert await _reopened(storage) == want[1:]  # seeded from the tombstone of the expired record
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
+    await store.add_message({"role": "user", "content": "after"})
+    await store.close()  # (writes a checkpoint: the next open starts from it)
+    assert await _reopened(storage) == [*want[1:], {"role": "user", "content": "after"}]
+
+
+async def test_a_message_only_in_the_trash_is_erased_there(storage: Path) -> None:
+    """Expired and not carried: no view shows it, only its trash entry holds it; erase rewrites that file."""
+    msgs = await _session(storage, False)
+    target = msgs[3]  # index 3 (seq 5): expired, not pinned
+    needle = orjson.dumps(target)
+    assert [h.split("/")[1] for h in _holders(storage, needle)] == ["trash"]
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
+    before = await store.get_messages()
+    assert target not in before
+    receipt = await store.erase(seq=5, reason="gdpr")
+    assert receipt["records"] == [] and receipt["message"]["sha256"].startswith("sha256:")
+    assert [(t["entry"], [r["seq"] for r in t["records"]]) for t in receipt["trash"]] == [(f"{SID}~1", [5])]
+    assert _holders(storage, needle) == [] and await store.get_messages() == before
+    assert await store.verify_erasure(receipt) == []
+    with pytest.raises(ValueError, match="already erased"):
+        await store.erase(seq=5)
+    await store.close()
+    # the trash entry still lists and purges; a purged message cannot be erased: nothing holds it
+    [listed] = await trash.list_trash(storage)
+    assert listed["present"]
+    await trash.purge(storage, [f"{SID}~1"], force=True)
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
+    with pytest.raises(ValueError, match="nor any trash entry holds it .purged.: nothing stored holds its bytes"):
+        await store.erase(seq=6)
+    await store.close()
+
+
+async def test_a_second_expiry_takes_the_tombstone_along(storage: Path) -> None:
+    """An erased copy is not carried again; the tombstone of the first expired record goes to the trash with
+    its segment, and the session opens and verifies."""
+    msgs = await _session(storage, False)
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
+    await store.erase(1)
+    more = [{"role": "user", "content": f"later {i} " + "t" * 300} for i in range(40)]
+    for m in more:
+        await store.add_message(m)
+    want = await store.get_messages()
+    await store.close()
+    report = await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert [r["entry"] for r in report["segments_expired"]] == [f"{SID}~2"]
+    got = await _reopened(storage)
+    assert got[0] == msgs[0] and msgs[2] not in got and got[-1] == more[-1]
+    assert got == [m for m in want if m in got] and verify(storage / SID, SID).ok
+    assert _holders(storage, orjson.dumps(msgs[2])) == []
