@@ -393,7 +393,10 @@ class FileEventLog:
         return self.manifest.segments[0].first_crc if self.manifest is not None and self.manifest.segments else None
 
     def reader(self) -> LogReader:
-        """A :class:`~context_persistent.segments.LogReader` of this log (the caller closes it)."""
+        """A :class:`~context_persistent.segments.LogReader` of this log (the caller closes it). Read-only, the
+        files the log was opened on: an erasure or expiry meanwhile changes nothing this log reads."""
+        if self._reader is not None:
+            return self._reader.copy()
         return LogReader(self.directory, self.session_id)
 
     # -- reading ------------------------------------------------------------------------------------

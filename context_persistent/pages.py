@@ -12,6 +12,7 @@ used first out). Erasure rewrites records in place (same length, same position) 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,11 @@ class MessageReader:
     use them to check that a path reads only what it needs).
     """
 
-    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES,
+                 open_reader: Callable[[], LogReader] | None = None) -> None:
+        #: Opens the reader first (a read-only log's own files: log.FileEventLog.reader); a position beyond
+        #: what it holds is looked for again in the log as it is now.
+        self._open_reader = open_reader
         self.directory = directory
         self.path = directory / LOG_NAME
         self._reader: LogReader | None = None
@@ -101,7 +106,7 @@ class MessageReader:
                                     f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
                                     f"index {index}, which the history refers to")
         data = rec["data"]
-        if rec["type"] != "message_added" and len(data["messages"]) > 1:
+        if isinstance(data.get("messages"), list) and len(data["messages"]) > 1:
             # A record of several messages: keep its others too (reading one usually means reading its neighbours).
             share = max(1, len(line) // len(data["messages"]))
             for i, m in enumerate(data["messages"]):
@@ -141,7 +146,7 @@ class MessageReader:
     def _read_run(self, positions: list[int], want: dict[int, list[int]], refs: list[int], out: list[Any]) -> None:
         done = set()
         if self._reader is None:
-            self._reader = LogReader(self.directory)
+            self._reader = self._open(0)
         lines = self._reader.lines(positions[0], positions[-1] + 1)
         while True:
             try:
@@ -172,12 +177,17 @@ class MessageReader:
                 for k in want[p]:
                     out[k] = self.fetch(refs[k])
 
+    def _open(self, attempt: int) -> LogReader:
+        if self._open_reader is not None and not attempt:
+            return self._open_reader()
+        return LogReader(self.directory)
+
     def _line(self, position: int) -> bytes:
         """The line at global ``position``: through the open reader, opened again once if the position is
         beyond what it saw; LogCorruptedError if no complete line starts there."""
         for attempt in (0, 1):
             if self._reader is None:
-                self._reader = LogReader(self.directory)
+                self._reader = self._open(attempt)
             try:
                 line = self._reader.read_line_at(position)
             except (ValueError, LogCorruptedError) as e:  # (past what the reader saw: opened before a roll?)

@@ -48,7 +48,7 @@ from .errors import LogCorruptedError
 from .log import FileLock, crash_leaves, data_size
 from .segment_store import recover
 from .segments import MANIFEST_NAME, LogReader
-from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
+from .paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .pages import MessageReader
 from .projection import Projection
 from .semantic import Finding, check as semantic_check
@@ -252,8 +252,8 @@ def _after_expiry(reader: LogReader, directory: Path, session_id: str) -> tuple[
 
     from .checkpoint.policy import seed_state
 
-    at = SimpleNamespace(manifest=reader.manifest, reader=lambda: LogReader(directory, session_id))
-    return seed_state(at, MessageReader(directory)), (boundary.last_seq, boundary.last_crc)
+    at = SimpleNamespace(manifest=reader.manifest, reader=reader.copy)
+    return seed_state(at, MessageReader(directory, open_reader=reader.copy)), (boundary.last_seq, boundary.last_crc)
 
 
 def _lines(path: Path, size: int) -> Iterator[tuple[int, int, bytes]]:
@@ -277,7 +277,8 @@ class _Walk:
                  fold: bool = False, on_record: Callable[[dict[str, Any], int, Projection | None], None] | None = None,
                  progress: Callable[[int, int], None] | None = None, session_id: str = "",
                  lines: Iterator[tuple[int, int, bytes]] | None = None, paged: bool = True,
-                 seed: Projection | None = None, after: tuple[int, str] | None = None) -> None:
+                 seed: Projection | None = None, after: tuple[int, str] | None = None,
+                 open_reader: Callable[[], LogReader] | None = None) -> None:
         self.path, self.size, self.keep, self.on_record = path, size, keep, on_record
         self.lines = lines if lines is not None else _lines(path, size)
         self.root = codec.root_crc(session_id).decode()
@@ -287,8 +288,8 @@ class _Walk:
         self.progress = progress
         # (paged: messages stay refs into this log, read back only to compare, so memory stays bounded; a repair,
         # which replaces the log, holds them instead)
-        self.state = (seed if seed is not None else Projection(MessageReader(path.parent) if paged else None)
-                      ) if fold else None
+        self.state = (seed if seed is not None else Projection(MessageReader(path.parent, open_reader=open_reader)
+                                                               if paged else None)) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None
@@ -553,10 +554,47 @@ def _check_checkpoint(directory: Path, session_id: str
     return status, on_record, finish
 
 
+#: How many times verify reads a log again that an erasure or expiry rewrote while it read (then reports).
+_VERIFY_ATTEMPTS = 5
+
+
+def _identity(directory: Path) -> tuple[Any, ...]:
+    """What changes when a writer rewrites the log or its checkpoint (never on an append): the active file's
+    and the checkpoint's identities and the manifest's bytes."""
+    def ident(name: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(directory / name)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns if name != LOG_NAME else 0
+
+    try:
+        manifest = (directory / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        manifest = None
+    return ident(LOG_NAME), ident(CHECKPOINT_NAME), ident(CHECKPOINT_BASE_NAME), manifest
+
+
 def verify(directory: Path, session_id: str, progress: Callable[[int, int], None] | None = None) -> Report:
     """Read the whole log (never taking the lock) and report every problem; see the module docstring.
 
-    ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it)."""
+    ``progress(bytes_done, bytes_total)`` is called every 4,096 lines (the CLI draws a bar with it). The log
+    is read as it was when verify began; a problem found while a writer rewrote the log or replaced its
+    checkpoint (an erasure, a segment expiry, a checkpoint write) is checked again on the log as it is now."""
+    for attempt in range(_VERIFY_ATTEMPTS):
+        before = _identity(directory)
+        try:
+            report = _verify(directory, session_id, progress)
+        except (LogCorruptedError, FileNotFoundError):
+            if attempt == _VERIFY_ATTEMPTS - 1 or _identity(directory) == before:
+                raise
+            continue
+        if report.ok or attempt == _VERIFY_ATTEMPTS - 1 or _identity(directory) == before:
+            return report
+    raise AssertionError("unreachable")
+
+
+def _verify(directory: Path, session_id: str, progress: Callable[[int, int], None] | None) -> Report:
     try:
         reader = LogReader(directory, session_id)
     except FileNotFoundError:
@@ -567,25 +605,24 @@ def verify(directory: Path, session_id: str, progress: Callable[[int, int], None
         segment_problems = check_segments(reader)
         status, on_record, finish = _check_checkpoint(directory, session_id)
         boundary = reader.manifest.boundary
-        lines = (_reader_lines(reader, size, segment_problems) if reader.segments or boundary is not None
-                 else None)
+        lines = _reader_lines(reader, size, segment_problems)  # (the files the reader opened, whatever happens)
         seed, after = _after_expiry(reader, directory, session_id)
         walk = _Walk(path, size, fold=True, on_record=on_record, progress=progress, session_id=session_id,
-                     lines=lines, seed=seed, after=after).run()
+                     lines=lines, seed=seed, after=after, open_reader=reader.copy).run()
         walk.problems[:0] = segment_problems
         segment_files = [seg.file for seg in reader.segments]
-    finish(walk)
-    if walk.state is not None and walk.state.pager is not None:
-        walk.state.pager.close()  # type: ignore[attr-defined]
-    pid = writer_pid(directory)
-    findings: list[Finding] = []
-    if walk.state is not None:  # (the history as far as it could be folded)
-        findings = semantic_check(walk.state.messages, walk.state.keys, writer_active=pid is not None)
-        if walk.problems:  # a history with records missing: its pairing follows from them, not a problem of its own
-            for f in findings:
-                if f.problem:
-                    f.problem = False
-                    f.detail += " (the history has bad records above: check again after `repair`)"
+        finish(walk)
+        pid = writer_pid(directory)
+        findings: list[Finding] = []
+        if walk.state is not None:  # (the history as far as it could be folded)
+            findings = semantic_check(walk.state.messages, walk.state.keys, writer_active=pid is not None)
+            if walk.problems:  # a history with records missing: its pairing follows from them, not a problem of its own
+                for f in findings:
+                    if f.problem:
+                        f.problem = False
+                        f.detail += " (the history has bad records above: check again after `repair`)"
+        if walk.state is not None and walk.state.pager is not None:
+            walk.state.pager.close()  # type: ignore[attr-defined]
     expired = None if boundary is None else {"last_seq": boundary.last_seq, "expired_seq": boundary.expired_seq,
                                              "start": boundary.start}
     return Report(session_id=session_id, path=str(path), size=size, records=walk.records, expired=expired,

@@ -460,6 +460,16 @@ def _open_ro(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
 
 
+def _open_first(directory: Path, names: tuple[str, ...]) -> int:
+    """The first of ``names`` that exists in ``directory``, opened read-only."""
+    for name in names[:-1]:
+        try:
+            return _open_ro(directory / name)
+        except FileNotFoundError:
+            pass
+    return _open_ro(directory / names[-1])
+
+
 def _inode(path: Path) -> int | None:
     try:
         return os.stat(path).st_ino
@@ -529,6 +539,17 @@ class LogReader:
             raise FileNotFoundError(f"no {LOG_NAME} in {self.directory}")
         elif not any(os.path.exists(self.directory / n) for n in (last.name, last.name + ZST)):
             raise FileNotFoundError(f"{self.directory / last.file} is missing")
+        # Every file of this manifest is opened now, so that what is read later is this manifest's log even if
+        # an erasure replaces files or an expiry moves them meanwhile. Between an erasure's commit and its
+        # renames (pending ``replace`` steps), the committed contents are in the temp files.
+        renaming = {p["name"]: p["tmp"] for p in self.manifest.pending if p["op"] == "replace"}
+        if LOG_NAME in renaming and self.active_fd >= 0:
+            fd = _open_first(self.directory, (renaming[LOG_NAME], LOG_NAME))
+            os.close(self.active_fd)
+            self.active_fd = fd
+        for i, seg in enumerate(self.manifest.segments):
+            if not (self._active_is_last and i == len(self.manifest.segments) - 1):
+                self.segment_file(i, renaming.get(seg.file))
         if _manifest_bytes(self.directory) != raw:
             raise FileNotFoundError(f"{path} changed while the log's files were looked at")  # (look again)
 
@@ -571,16 +592,40 @@ class LogReader:
             os.close(self.active_fd)
             self.active_fd = -1
 
-    def segment_file(self, i: int) -> SegmentFile:
+    def segment_file(self, i: int, tmp: str | None = None) -> SegmentFile:
+        """Sealed segment ``i`` (opened when the reader was made; ``tmp``: the temp file holding its committed
+        contents, while a pending ``replace`` step has not renamed it yet)."""
         f = self._files.get(i)
         if f is None:
             seg = self.manifest.segments[i]
             if self._active_is_last and i == len(self.manifest.segments) - 1:
                 fd = os.dup(self.active_fd)
             else:
-                seg, fd = self._open_segment(seg)
+                try:
+                    fd = _open_ro(self.directory / tmp) if tmp is not None else -1
+                except FileNotFoundError:  # renamed into place already
+                    fd = -1
+                if fd < 0:
+                    seg, fd = self._open_segment(seg)
             f = self._files[i] = SegmentFile(self.directory, seg, fd)
         return f
+
+    def copy(self) -> LogReader:
+        """Another reader of the very files this one reads (descriptors duplicated): the same log, whatever
+        a writer renamed or rewrote since. Close it too."""
+        other = LogReader.__new__(LogReader)
+        other.directory, other.session_id, other.manifest = self.directory, self.session_id, self.manifest
+        other._active_is_last = self._active_is_last
+        other._files = {}
+        other.active_fd = -1
+        try:
+            other.active_fd = os.dup(self.active_fd) if self.active_fd >= 0 else -1
+            for i, f in self._files.items():
+                other._files[i] = SegmentFile(self.directory, f.seg, os.dup(f.fd))
+        except BaseException:
+            other.close()
+            raise
+        return other
 
     def _open_segment(self, seg: Segment) -> tuple[Segment, int]:
         """The file of sealed segment ``seg`` opened, and its entry as that file stores it: a compression

@@ -56,7 +56,8 @@ class Session:
         self.root = codec.root_crc(session_id)
         #: A file log's history keeps refs to its records, not the messages: they are read back through this
         #: (a bounded cache, then the log; pages.py, docs/architecture.md "Bounded memory"). None elsewhere.
-        self.pager = (MessageReader(log.directory, config["page_cache_bytes"]) if isinstance(log, FileEventLog)
+        self.pager = (MessageReader(log.directory, config["page_cache_bytes"],
+                                    log.reader if log.readonly else None) if isinstance(log, FileEventLog)
                       else None)
         self.state = Projection(self.pager)
         self.counter = TokenCounter(config["tokenizer"])

@@ -90,8 +90,8 @@ async def test_a_reader_that_looks_while_a_roll_renames_reads_each_record_once(
 
 async def test_a_reader_that_opens_a_segment_while_it_is_compressed_finds_it(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The manifest lists the segment as compressed; the reader looks for the ``.zst`` before it is in place
-    and for the plain file after it is removed: it looks again and reads the ``.zst``."""
+    """The manifest lists the segment as compressed, with the rename of ``.zst.tmp`` pending; the reader looks
+    for the temp file just after the compression renamed it and removed the plain file: it reads the ``.zst``."""
     store = await _session(storage, 60, 4096)
     await store.close()
     folder = storage / SID
@@ -110,20 +110,17 @@ async def test_a_reader_that_opens_a_segment_while_it_is_compressed_finds_it(
         missed: list[str] = []
 
         def open_ro(path: Path) -> int:
-            try:
-                return real_open(path)
-            except FileNotFoundError:
-                if path.name.endswith(".zst") and not missed:
-                    missed.append(path.name)  # the .zst is not there yet: the compression finishes now
-                    held.release.set()
-                    compressor.join(30)
-                raise
+            if path.name.endswith(".zst.tmp") and not missed:
+                missed.append(path.name)  # the compression finishes now: the temp file is renamed away
+                held.release.set()
+                compressor.join(30)
+            return real_open(path)
 
         monkeypatch.setattr(segments, "_open_ro", open_ro)
         with LogReader(folder) as reader:
             assert reader.segments[0].compressed is not None  # (the committed manifest lists the .zst)
             assert _seqs(reader) == expected
-        assert missed == [segment_name(1) + ".zst"]
+        assert missed == [segment_name(1) + ".zst.tmp"]
         assert not (folder / segment_name(1)).exists()
     finally:
         held.release.set()
