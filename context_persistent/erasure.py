@@ -29,6 +29,7 @@ from . import codec
 from . import events as ev
 from .paths import CHECKPOINT_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .projection import make_key, split_key
+from .segment_store import _step
 
 RECEIPT_VERSION = 1
 PAD_CHARS = 48
@@ -371,6 +372,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
                                      "records": [{"seq": rec["seq"], "type": rec["type"], "indices": hits}
                                                  for _, _, _, rec, hits in trash_edits]})
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
+    _step("erase-copies-written")
     if segmented:
         receipt["log"] = _erase_in_segments(log, changes)
         return receipt
