@@ -668,7 +668,13 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
                                 + (" of its decompressed contents" if p.name.endswith(".zst") else ""))
         listed = {r["seq"] for t in receipt.get("trash", []) if t.get("where") == str(p) for r in t["records"]}
         if listed:
-            recs = [r for r, *_ in _scan_trash_file(p) if r["seq"] in listed]
+            from .errors import LogCorruptedError
+
+            try:
+                recs = [r for r, *_ in _scan_trash_file(p) if r["seq"] in listed]
+            except LogCorruptedError as e:
+                problems.append(f"trash entry {p.parent.name}: {p.name} does not read as records ({e.reason})")
+                continue
             problems.extend(f"trash entry {p.parent.name}: {x}" for x in check_receipt_records(
                 recs, {"message": receipt["message"], "records": [{"seq": q} for q in sorted(listed)]}))
     log = directory / LOG_NAME

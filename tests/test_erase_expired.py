@@ -4,6 +4,7 @@ they were and ``verify_erasure`` checks every one of those files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,29 @@ async def test_a_second_expiry_takes_the_tombstone_along(storage: Path) -> None:
     assert got[0] == msgs[0] and msgs[2] not in got and got[-1] == more[-1]
     assert got == [m for m in want if m in got] and verify(storage / SID, SID).ok
     assert _holders(storage, orjson.dumps(msgs[2])) == []
+
+
+def test_cli_erase_and_verify_name_the_trash(storage: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from context_persistent.cli import main
+
+    msgs = asyncio.run(_session(storage, True))
+    st = ["--storage", str(storage)]
+    receipt = tmp_path / "r.json"
+    assert main([*st, "erase", SID, "--seq", "5", "--receipt", str(receipt)]) == 0
+    out = capsys.readouterr().out
+    assert f"trash entry {SID}~1, expired segment " in out and "seq 5 (message_added) replaced by a tombstone" in out
+    assert _holders(storage, orjson.dumps(msgs[3])) == []
+    assert main([*st, "verify", SID, "--receipt", str(receipt)]) == 0
+    assert "its expired segments in the trash 1" in capsys.readouterr().out
+    # the bytes put back into the trash entry are found there
+    [entry] = (storage / ".retention" / "trash").iterdir()
+    (entry / "notes.txt").write_bytes(b"x")  # (not a segment: not searched)
+    seg = sorted(entry.glob("segment-*.zst"))[0]
+    from context_persistent.segments import compress
+
+    os.chmod(seg, 0o600)
+    seg.write_bytes(compress(decompress_all(seg.read_bytes()) + orjson.dumps(msgs[3]) + b"\n")[0])
+    assert main([*st, "verify", SID, "--receipt", str(receipt)]) == 1
+    assert f"trash entry {SID}~1: {seg.name} holds the erased bytes" in capsys.readouterr().out

@@ -163,8 +163,10 @@ def _receipt_result(args: argparse.Namespace, receipt: dict[str, Any], problems:
         for p in problems:
             print(f"  PROBLEM receipt: {p}")
         if not problems:
+            trashed = sum(len(t.get("records", [])) for t in receipt.get("trash", []))
             print(f"receipt: the erased bytes ({m['bytes']} bytes, {m['sha256']}) are nowhere in the session, "
-                  f"and the log holds {len(receipt.get('records', []))} tombstone(s) in their place")
+                  f"and the log holds {len(receipt.get('records', []))} tombstone(s) in their place"
+                  + (f", its expired segments in the trash {trashed}" if trashed else ""))
         else:
             print("receipt: NOT confirmed")
     return EXIT_OK if log_ok and not problems else EXIT_PROBLEM
@@ -291,7 +293,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("session", metavar="SESSION", help="session id")
     p.add_argument("--receipt", metavar="FILE",
                    help="also check an erasure receipt (from `erase`): the erased bytes must be nowhere in the "
-                        "session folder (with --dsn: in the session's rows) and the tombstones in place")
+                        "session folder and its expired segments in the trash (with --dsn: in the session's rows) "
+                        "and the tombstones in place")
     p.set_defaults(func=run_verify)
     p = sub.add_parser(
         "repair", parents=[common], formatter_class=fmt,

@@ -55,6 +55,9 @@ def format_receipt(r: dict[str, Any]) -> str:
         lines.append(f"  side file {sf['where']}: {sf['copies']} cop{'y' if sf['copies'] == 1 else 'ies'} removed")
     for ex in r["exports"]:
         lines.append(f"  compaction export {ex['where']}: {ex['lines']} line(s) removed")
+    for t in r.get("trash", []):
+        seqs = ", ".join(f"seq {x['seq']} ({x['type']})" for x in t["records"])
+        lines.append(f"  trash entry {t['entry']}, expired segment {t['where']}: {seqs} replaced by a tombstone")
     lines.append(f"  snapshots: {r['snapshots']}")
     return "\n".join(lines)
 
@@ -111,7 +114,8 @@ def _index(text: str) -> int:
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = _parser(sub, common, "erase",
                 "remove a message's bytes from a session (log, checkpoint, side files, compaction exports, "
-                "PostgreSQL rows), leaving a tombstone; prints or writes a receipt. Takes the writer lock",
+                "expired segments in the trash, PostgreSQL rows), leaving a tombstone; prints or writes a receipt. "
+                "Takes the writer lock",
                 "  context-persistent erase my-session --seq 42 --receipt erased-42.json\n"
                 "  context-persistent erase my-session --message-index -1 --reason 'user request'\n"
                 "  context-persistent verify my-session --receipt erased-42.json\n"
