@@ -8,8 +8,10 @@ anchors and every reader work unchanged (docs/format.md, "Erasure tombstones"). 
 so 48 pad characters, each ``a`` or ``c``, give a linear system whose solution is found by elimination.
 
 Every copy of the message's bytes in the log is erased (a ``messages_replaced`` that carried the message
-forward holds a copy); checkpoints are deleted (a cache: the next close writes a new one); the torn-tail and
-quarantine side files and the compaction exports in the session folder are rewritten without it. The order
+forward holds a copy, and so does an ``expired`` record that carries it: segment retention); checkpoints are
+deleted (a cache: the next close writes a new one); the torn-tail and quarantine side files and the compaction
+exports in the session folder are rewritten without it, and the expired segments in the session's trash
+entries get the same tombstones as the log. The order
 makes a crash at any point safe: side copies first (a crash leaves the old log: nothing was acknowledged),
 then the log in one atomic rename, the commit point.
 """
