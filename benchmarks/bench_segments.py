@@ -12,7 +12,10 @@ Each round runs in a fresh interpreter on its own copy of a session whose active
   that append holds the event loop, against the median append of the same run;
 - a compression reads, compresses and checks the segment: the floor is one ``zstandard`` compression of the
   same bytes at the same level, in one piece;
-- a random read of one record: the floor is one ``os.pread`` of the same bytes from the plain file.
+- a random read of one record: the floor is one ``os.pread`` of the same bytes from the plain file;
+- opening a reader on a log of ``READER_SEGMENTS`` sealed segments (a reader opens every file its manifest
+  lists, so that an erasure or expiry meanwhile changes nothing it reads): the floor is opening and closing
+  each of those files once.
 """
 
 from __future__ import annotations
@@ -113,6 +116,31 @@ print(json.dumps({"read": ours, "floor": floor}))
 """
 
 
+#: Sealed segments of the log a reader is opened on (``segment_bytes`` 4096: about 4 KiB each).
+READER_SEGMENTS = 512
+
+READER_OPEN = """
+import json, os, sys, time
+from context_persistent.segments import LogReader
+folder = sys.argv[1]
+with LogReader(folder) as reader:
+    files = [os.path.join(folder, s.file) for s in reader.segments]
+times, floors = [], []
+for _ in range(20):
+    t = time.perf_counter()
+    with LogReader(folder) as reader:
+        reader.read_line_at(reader.base - len(reader.line_ending_at(reader.base)))
+    times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    for f in files:
+        os.close(os.open(f, os.O_RDONLY))
+    floors.append(time.perf_counter() - t)
+times.sort()
+floors.sort()
+print(json.dumps({"open": times[len(times) // 2], "floor": floors[len(floors) // 2], "segments": len(files)}))
+"""
+
+
 def _fresh(ctx: Ctx, template: Path, name: str) -> Path:
     target = ctx.tempdir(name) / "store"
     if target.exists():
@@ -144,6 +172,13 @@ def run(ctx: Ctx) -> list[Row]:
                 floors_zst.append(run_child(COMPRESS_FLOOR, str(storage / "s" / "events.jsonl"))["floor"])
             rolls[compress].append(run_child(ROLL, str(storage), "1" if compress else "0"))
         reads[compress] = run_child(READS, str(storage / "s"))
+    many = ctx.tempdir(f"segments-reader-{READER_SEGMENTS}") / "store"
+    if not many.exists():
+        from context_persistent.segment_store import migrate
+
+        write_session(many, "s", sized_messages(READER_SEGMENTS * 4, 1000))
+        migrate(many / "s", "s", 4096)
+    opened = run_child(READER_OPEN, str(many / "s"))
     plain = rolls[False]
     zst = rolls[True]
     return [
@@ -166,4 +201,7 @@ def run(ctx: Ctx) -> list[Row]:
         compare(GROUP, "read_line_at, compressed sealed segment (one frame each), random records",
                 [reads[True]["read"] * 1e6], [reads[False]["floor"] * 1e6], unit="µs",
                 ref_name="floor: os.pread of the same bytes from the plain file"),
+        compare(GROUP, f"open a reader on {opened['segments']} sealed segments and read the last record",
+                [opened["open"] * 1000], [opened["floor"] * 1000], unit="ms",
+                ref_name="floor: open and close each segment file"),
     ]

@@ -211,6 +211,7 @@ def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
         raise ManifestError(path, "\"segments\" and \"pending\" must be lists")
     boundary = _boundary(doc.get("boundary"), path)
     segments: list[Segment] = []
+    names: set[str] = set()
     for i, s in enumerate(raw_segments):
         where = f"segment {i + 1}"
         if not isinstance(s, dict):
@@ -229,8 +230,9 @@ def parse_manifest(data: bytes, path: Path, session_id: str) -> Manifest:
         if first_seq < 1 or last_seq < first_seq or (segments and first_seq <= segments[-1].last_seq):
             raise ManifestError(path, f"{where} ({name}) holds seqs {first_seq}..{last_seq}, which do not "
                                       "follow the segment before it")
-        if any(o.name == name for o in segments):
+        if name in names:
             raise ManifestError(path, f"{where}: the name {name} is listed twice")
+        names.add(name)
         comp = s.get("compressed")
         compressed = None
         if comp is not None:
@@ -360,9 +362,13 @@ class SegmentFile:
     def __init__(self, directory: Path, seg: Segment, fd: int) -> None:
         self.seg = seg
         self.fd = fd
-        self.path = directory / seg.file
+        self.directory = directory
         self._frame_starts = [u for u, _ in seg.compressed.frames] if seg.compressed else []
         self._cached: tuple[int, bytes] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.seg.file
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -54,7 +54,8 @@ EXPECTED = {
                      "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
     "segments": ["the append that fills a 1 MiB segment and rolls it", "the append that rolls a 1 MiB segment, compress_sealed",
                  "roll (seal) of a 1 MiB active segment opened with data", "compress a sealed 1 MiB segment",
-                 "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment"],
+                 "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment",
+                 "open a reader on 512 sealed segments"],
 }
 
 
