@@ -339,8 +339,8 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
             changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
     receipt = _receipt(store, message, needle, seq, index, reason, when)
     receipt["removed_temp_files"] = clean_leftovers(directory) + [
-        f"{p.parent.name}/{name}" for p in {p.parent: p for p in trashed}.values()
-        for name in clean_leftovers(p.parent, trash=True)]
+        f"{folder.name}/{name}" for folder in sorted({p.parent for p in trashed})
+        for name in clean_leftovers(folder, trash=True)]
     receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
                            "bytes": end - start, "record_sha256": raw_digest}
                           for start, end, _, rec, hits, raw_digest in changes]
@@ -376,7 +376,9 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     fsync_dir(directory)  # the rewritten copies are durable before the log, the commit point, changes
     _step("erase-copies-written")
     if segmented:
-        receipt["log"] = _erase_in_segments(log, changes)
+        receipt["log"] = (_erase_in_segments(log, changes) if changes else  # (only the trash held a copy)
+                          {"where": str(directory), "rewritten": [], "bytes_before": log.position,
+                           "bytes_after": log.position})
         return receipt
     # 5. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
