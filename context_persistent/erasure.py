@@ -499,7 +499,9 @@ def _scan_trash_file(path: Path) -> Any:
             rec = codec.decode(line)
         except codec.RecordError as e:
             raise LogCorruptedError(str(path), n, start, f"{e}; an expired segment in the trash must hold whole "
-                                    "records for erase to rewrite it: nothing was erased") from None
+                                    "records for erase to rewrite it: nothing was erased (restore the file from a "
+                                    f"backup, or delete the entry with `context-persistent trash purge "
+                                    f"{path.parent.name} --force`, then erase again)") from None
         yield rec, start, start + len(line), line
         start += len(line)
 

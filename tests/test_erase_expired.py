@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import PersistentContextManager, trash
+from context_persistent import LogCorruptedError, PersistentContextManager, trash
 from context_persistent.repair import verify
 from context_persistent.retention import RetentionPolicy
 from context_persistent.segments import decompress_all, load_manifest
@@ -165,3 +165,20 @@ def test_cli_erase_and_verify_name_the_trash(storage: Path, tmp_path: Path, caps
     seg.write_bytes(compress(decompress_all(seg.read_bytes()) + orjson.dumps(msgs[3]) + b"\n")[0])
     assert main([*st, "verify", SID, "--receipt", str(receipt)]) == 1
     assert f"trash entry {SID}~1: {seg.name} holds the erased bytes" in capsys.readouterr().out
+
+
+async def test_a_damaged_trash_file_refuses_the_erase_and_changes_nothing(storage: Path) -> None:
+    msgs = await _session(storage, False)
+    [entry] = (storage / ".retention" / "trash").iterdir()
+    seg = sorted(entry.glob("segment-*.jsonl"))[-1]
+    os.chmod(seg, 0o600)
+    seg.write_bytes(seg.read_bytes()[:-20] + b"garbage\n")  # its last record cut short
+    before = {p: p.read_bytes() for p in sorted(storage.rglob("*")) if p.is_file() and p.name != "lock"}
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
+    with pytest.raises(LogCorruptedError, match=f"nothing was erased .*trash purge {entry.name} --force"):
+        await store.erase(1)  # carried; its original is in the trash entry
+    assert await store.get_messages() == [msgs[0], msgs[2], *(await store.get_messages())[2:]]
+    await store.close()
+    after = {p: p.read_bytes() for p in sorted(storage.rglob("*")) if p.is_file() and p.name != "lock"}
+    assert {p: b for p, b in after.items() if "checkpoint" not in p.name} == {
+        p: b for p, b in before.items() if "checkpoint" not in p.name}
