@@ -586,15 +586,17 @@ async def _tail(args: argparse.Namespace) -> int:
         print(f"waiting for session {args.session!r} to be created in {where} (from {source})…", file=sys.stderr)
     try:
         if log is not None:
+            anchor_seq, position = _tail_anchor(log, args.after, args.lines)
+            last = max(last, anchor_seq)
             if args.after is not None:  # every event after SEQ
-                async for batch in log.read_batches(after_seq=args.after):
+                async for batch in log.read_batches(after_seq=anchor_seq, position=position):
                     for rec in batch:
                         if rec["seq"] > args.after:
                             _print_record(rec, args.json, on)
                             last = rec["seq"]
             else:  # the last N events
                 recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=args.lines)
-                async for batch in log.read_batches():
+                async for batch in log.read_batches(after_seq=anchor_seq, position=position):
                     recent.extend(batch)
                     last = batch[-1]["seq"]
                 for rec in recent:
@@ -608,6 +610,19 @@ async def _tail(args: argparse.Namespace) -> int:
         if log is not None:
             await log.close()
     return 0
+
+
+def _tail_anchor(log: Any, after: int | None, lines: int) -> tuple[int, int | None]:
+    """``(seq, position)`` to read a file log on from (``read_batches``): right after record ``after``, or before
+    its last ``lines`` records, found without reading what comes before (segments.py, ``LogReader.anchor_for``
+    and ``anchor_before_last``); ``(0, None)``: read from the start (a database log, or nothing found)."""
+    from ..log import FileEventLog
+
+    if not isinstance(log, FileEventLog):
+        return 0, None
+    with log.reader() as reader:
+        found = reader.anchor_for(after) if after is not None else reader.anchor_before_last(lines, log.position)
+    return found if found is not None else (0, None)
 
 
 async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg: dict[str, Any]) -> None:
