@@ -1,6 +1,6 @@
-"""``tail`` and followers read only the end of a segmented log: the last N records are found from the end
-backwards, the records after a seq from the segment that holds it (by bisection inside it); the segments
-before are not opened and their records not decoded."""
+"""The reading commands read only what they show: ``tail`` and followers only the end of a segmented log (the last
+N records found from the end backwards, the records after a seq from the segment that holds it, by bisection
+inside it), ``show``/``export --view request`` only the history messages the request view can hold."""
 
 from __future__ import annotations
 
@@ -172,3 +172,65 @@ def test_follow_starts_at_its_seq_without_reading_the_segments_before(storage: P
     assert asyncio.run(follow()) == [r for r in everything if r["seq"] > after]
     assert set(reads.opened) <= {second_last["name"], segs[-1]["name"]}
     assert reads.decoded <= 2 * len(everything[after - 1:]) + 10
+
+
+# -- the request view -------------------------------------------------------------------------------------
+OWN_NOTE = "[context-persistent: a line the user typed that looks like a note]"
+
+
+def _long_session(storage: Path) -> dict[str, Any]:
+    """5,000 messages (a request view at a small budget is built from a window of them), one of the user's own
+    pinned early on looking like a note; returns the history and each message's seq."""
+    async def run() -> dict[str, Any]:
+        store = await PersistentContextManager.open(storage_path=storage, session_id=SID, fsync="never")
+        try:
+            await store.add_messages([{"role": "system", "content": "be brief"}, {"role": "user", "content": OWN_NOTE}])
+            await store.pin(1)
+            for start in range(0, 5000, 500):
+                await store.add_messages([{"role": "user" if i % 2 == 0 else "assistant",
+                                           "content": f"turn {i} " + "words " * 30} for i in range(start, start + 500)])
+            return {"history": await store.get_messages(), "seqs": [k >> 20 for k in store._full().keys]}
+        finally:
+            await store.close()
+    return asyncio.run(run())
+
+
+def _seqs_by_a_whole_pass(view: list[dict[str, Any]], history: list[dict[str, Any]], seqs: list[int]
+                          ) -> list[int | None]:
+    """The seq of each view message: the first equal history message after the previous match."""
+    def enc(m: dict[str, Any]) -> bytes:
+        return orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+    out: list[int | None] = []
+    last = -1
+    for m in view:
+        found = next((i for i in range(last + 1, len(history)) if enc(history[i]) == enc(m)), None)
+        if found is not None:
+            last = found
+        out.append(None if found is None else seqs[found])
+    return out
+
+
+def test_request_view_commands_read_only_its_window(storage: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from context_persistent import projection, snapshot
+
+    want = _long_session(storage)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the whole history was read")
+    monkeypatch.setattr(snapshot, "history_messages", refused)
+    monkeypatch.setattr(projection.PagedList, "__iter__", refused)
+    assert main(["--storage", str(storage), "show", SID, "--budget", "3000", "--json"]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    view = shown["messages"]
+    assert 2 < len(view) < 200 and view[0] == want["history"][0] and view[1]["content"] == OWN_NOTE
+    assert shown["message_seqs"] == _seqs_by_a_whole_pass(view, want["history"], want["seqs"])
+    assert shown["message_seqs"][-1] == want["seqs"][-1] and shown["message_seqs"][1] == want["seqs"][1]
+    out = tmp_path / "request.jsonl"
+    assert main(["--storage", str(storage), "export", SID, str(out), "--view", "request", "--budget", "3000"]) == 0
+    header, *body = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert body == view
+    notes = [i for i, s in enumerate(shown["message_seqs"]) if s is None]
+    # The window's note is listed; the user's own message that reads like one is not.
+    assert header["notes"] == notes and 1 not in notes and notes
+    assert all(view[i]["content"].startswith("[context-persistent: ") for i in notes)
