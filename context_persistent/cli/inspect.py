@@ -591,11 +591,12 @@ async def _tail(args: argparse.Namespace) -> int:
 def _tail_anchor(log: Any, after: int | None, lines: int) -> tuple[int, int | None]:
     """``(seq, position)`` to read a file log on from (``read_batches``): right after record ``after``, or before
     its last ``lines`` records, found without reading what comes before (segments.py, ``LogReader.anchor_for``
-    and ``anchor_before_last``); ``(0, None)``: read from the start (a database log, or nothing found)."""
+    and ``anchor_before_last``); ``(0, None)``: read from the start. A database log reads after ``after`` by
+    itself."""
     from ..log import FileEventLog
 
     if not isinstance(log, FileEventLog):
-        return 0, None
+        return after or 0, None
     with log.reader() as reader:
         found = reader.anchor_for(after) if after is not None else reader.anchor_before_last(lines, log.position)
     return found if found is not None else (0, None)
