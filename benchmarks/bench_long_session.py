@@ -158,9 +158,13 @@ print(json.dumps(result))
 """
 
 #: Command-line commands measured on the same session (each in a fresh interpreter, output to /dev/null;
-#: ``{out}`` is a file in the working folder).
+#: ``{out}`` is a file in the working folder, ``{near_end}`` the seq 10 below the number of messages: at least
+#: the last 10 events come after it).
 CLI_COMMANDS = (("verify", ["verify", "s"]), ("export to JSONL", ["export", "s", "{out}.jsonl"]),
                 ("export to JSON", ["export", "s", "{out}.json"]), ("tail", ["tail", "s"]),
+                ("tail --after SEQ", ["tail", "s", "--after", "{near_end}"]),
+                ("show --view request", ["show", "s", "--view", "request"]),
+                ("export --view request", ["export", "s", "{out}.jsonl", "--view", "request"]),
                 ("show -n 20", ["show", "s", "-n", "20"]), ("stats", ["stats", "s"]),
                 ("stats --tokens", ["stats", "s", "--tokens"]), ("ls", ["ls"]))
 
@@ -356,7 +360,8 @@ class _Session:
     def run_cli(self, argv: list[str]) -> dict[str, Any]:
         out = self.work / "cli-out"
         try:
-            args = ["--storage", str(self.work / "ours"), *(a.replace("{out}", str(out)) for a in argv)]
+            args = ["--storage", str(self.work / "ours"),
+                    *(a.replace("{out}", str(out)).replace("{near_end}", str(max(0, self.n - 10))) for a in argv)]
             return run_capped(CLI_CHILD, args, self.cap_mb, self.timeout)
         finally:
             for p in self.work.glob("cli-out*"):

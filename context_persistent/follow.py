@@ -50,7 +50,8 @@ class _Cursor:
         self.last_seq = after_seq
         self.last_crc: str | None = None
         self.offset = 0
-        self.line = 1
+        #: The line number of ``offset`` in its file, for messages (None: not counted, found when needed).
+        self.line: int | None = 1
         self.ino: int | None = None
         #: The global position where the active segment started when last read (segments.py).
         self.base = 0
@@ -81,6 +82,12 @@ class _Cursor:
                 self._restart()  # a sealed segment was rewritten (an erasure): read it all again
                 self.sealed = sealed
                 return [], True
+            if self.offset == 0 and self.syncing and self._expect is None and self.last_seq > 0:
+                # The first read: start at the record after_seq (or shortly before it), found by its seq
+                # without reading the log before it (segments.py, LogReader.anchor_for).
+                anchor = reader.anchor_for(self.last_seq)
+                if anchor is not None:
+                    self.offset, self.line = anchor[1], None
             base = reader.base
             if self.offset < base:  # behind the active segment: read on through the sealed ones
                 return self._read_sealed(reader, base)
@@ -137,12 +144,11 @@ class _Cursor:
             except codec.RecordError as e:
                 if at_eof and not _valid_record_after(data, pos, nl, n):
                     break  # a torn tail (no valid record after it) that the next writer will cut: wait
-                raise LogCorruptedError(str(self.path), self.line, self.offset, str(e)) from None
+                raise self._corrupt(str(e)) from None
             seq = rec["seq"]
             if seq <= self.last_seq:
                 if not self.syncing:
-                    raise LogCorruptedError(str(self.path), self.line, self.offset,
-                                            f"seq {seq} does not follow seq {self.last_seq}")
+                    raise self._corrupt(f"seq {seq} does not follow seq {self.last_seq}")
                 if seq == self.last_seq and self._expect is not None:
                     if rec.get("crc") != self._expect:
                         raise LogChangedError(f"{self.path}: the record at seq {seq} changed after it was "
@@ -160,8 +166,17 @@ class _Cursor:
                 out.append(rec)
             pos = nl + 1
             self.offset += len(line)
-            self.line += 1
+            if self.line is not None:
+                self.line += 1
         return out
+
+    def _corrupt(self, reason: str) -> LogCorruptedError:
+        """LogCorruptedError for the record at the cursor (its line number counted now if it was not)."""
+        if self.line is not None:
+            return LogCorruptedError(str(self.path), self.line, self.offset, reason)
+        with LogReader(self.path.parent) as reader:
+            path, offset = reader.where(self.offset)
+            return LogCorruptedError(str(path), reader.line_number(self.offset), offset, reason)
 
 
 def _valid_record_after(data: bytes, pos: int, nl: int, n: int) -> bool:

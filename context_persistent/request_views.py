@@ -24,6 +24,7 @@ from .writer import Writer
 if TYPE_CHECKING:  # compaction loads on the first request view: `import context_persistent` stays cheap
     from .compaction import RequestView
     from .compaction.incremental import Anchor
+    from .compaction.window import Window
 
 logger = logging.getLogger("context_persistent")
 
@@ -70,6 +71,9 @@ class RequestViews:
         #: (budget, warning with its numbers blanked) already logged: a view warning is said once, not per request.
         self._warned: set[tuple[int, str]] = set()
         self._last_export_seq = 0
+        #: The window of the last build (compaction/window.py; None: built from the whole history): the history
+        #: messages a view it made can hold are those of ``window.indices`` and any appended since.
+        self.window: Window | None = None
 
     def front_hints(self) -> tuple[int, int]:
         """What a checkpoint's front section must cover (checkpoint.front_of)."""
@@ -129,6 +133,7 @@ class RequestViews:
         count = s.counter.count_message
         self.max_budget = max(self.max_budget, budget)
         built, window, tokens, total = await self._build_windowed(state.messages, budget)
+        self.window = window
         messages = state.messages
         if built is None:  # a whole-history build: it reads everything (a lazy state loads the rest)
             messages = s.full().messages

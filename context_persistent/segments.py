@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from . import codec
 from .errors import ContextPersistentError, LogCorruptedError, RecordsExpiredError
 from .paths import LOG_NAME, create_private_file, fsync_dir, write_all
 
@@ -458,6 +459,8 @@ class SegmentFile:
                 return chunk[start:]
 
 
+#: Below this many bytes :meth:`LogReader.find_seq` reads line by line instead of bisecting further.
+_BISECT_BYTES = 1 << 20
 #: How many times a reader looks again when a roll replaced a file between two of its looks.
 _ATTEMPTS = 20
 
@@ -740,16 +743,79 @@ class LogReader:
 
     def find_seq(self, seq: int) -> tuple[int, bytes] | None:
         """``(global position, line)`` of the record ``seq``, reading only the segment whose seq range holds it
-        (the active one after the last); None if no line there has that seq. Lines are not verified here."""
-        start, end = self.base, None
+        (the active one after the last); None if no line there has that seq. Inside it the record is found by
+        bisection on the seqs of the records (they increase through the log), then read line by line from at
+        most ``_BISECT_BYTES`` before it. Lines are not verified here, beyond the probes' checksums."""
+        start, end = self.base, self.end()
         for s in self.manifest.segments:
             if s.first_seq <= seq <= s.last_seq:
                 start, end = s.start, s.end
                 break
+        lo, hi = start, end  # the record, if there, starts in [lo, hi); lo is a record's start
+        while hi - lo > _BISECT_BYTES:
+            probe = self._line_from((lo + hi) // 2, hi)
+            if probe is None:
+                hi = (lo + hi) // 2
+                continue
+            at, line = probe
+            try:
+                found = codec.checked_seq(line)[0]
+            except codec.RecordError:
+                break  # (a damaged line: read on line by line from lo, as without bisection)
+            if found == seq:
+                return at, line
+            if found < seq:
+                lo = at
+            else:
+                hi = at
         needle = b'"seq":%d,' % seq
-        for at, line in self.lines(start, end):
+        for at, line in self.lines(lo, hi):
             if line[:40].find(needle) >= 0:
                 return at, line
+        return None
+
+    def _line_from(self, position: int, end: int) -> tuple[int, bytes] | None:
+        """``(global position, line)`` of the first line that starts at or after ``position`` and before
+        ``end``, else None."""
+        for g, data in self.chunks(position - 1, end):
+            nl = data.find(b"\n")
+            if nl >= 0:
+                at = g + nl + 1
+                return (at, self.read_line_at(at)) if at < end else None
+        return None
+
+    def anchor_for(self, seq: int) -> tuple[int, int] | None:
+        """Where to start reading the records after ``seq``: ``(seq of a record, global position right after
+        it)`` for record ``seq`` itself when the log holds it, else for the last record of the sealed segment
+        before the first one that holds later seqs. Reads only the segment that holds ``seq`` (by bisection,
+        :meth:`find_seq`). None: read from the start."""
+        segs = self.manifest.segments
+        if seq < 1 or seq <= (self.manifest.boundary.last_seq if self.manifest.boundary is not None else 0):
+            return None
+        i = bisect.bisect_left([s.last_seq for s in segs], seq)  # the first segment with a seq >= seq
+        if i == len(segs) or segs[i].first_seq <= seq:
+            found = self.find_seq(seq)
+            if found is not None and _verified_seq(found[1]) == seq:
+                return seq, found[0] + len(found[1])
+        return (segs[i - 1].last_seq, segs[i - 1].end) if i > 0 else None
+
+    def anchor_before_last(self, n: int, end: int | None = None) -> tuple[int, int] | None:
+        """Where to start reading the last ``n`` records before global ``end`` (default: the data end now):
+        ``(seq of the record before them, global position right after it)``, found from ``end`` backwards a
+        line at a time, reading only the segments (and, compressed, the frames) that hold these lines. Lines
+        that do not verify (a torn tail) are not counted: whoever reads on from the anchor judges them. None
+        when the log holds no more than ``n`` records: read from the start."""
+        position = self.end() if end is None else end
+        while position > self.manifest.start:
+            line = self.line_ending_at(position)
+            if not line:
+                break
+            seq = _verified_seq(line)
+            if seq is not None:
+                if n == 0:
+                    return seq, position
+                n -= 1
+            position -= len(line)
         return None
 
     def read_line_at(self, position: int) -> bytes:
@@ -812,6 +878,14 @@ class LogReader:
             start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
             if start > 0 or back == offset:
                 return chunk[start:]
+
+
+def _verified_seq(line: bytes) -> int | None:
+    """The seq of a complete record line whose checksum verifies, else None."""
+    try:
+        return codec.checked_seq(line)[0] if line.endswith(b"\n") else None
+    except codec.RecordError:
+        return None
 
 
 def has_log(directory: Path) -> bool:

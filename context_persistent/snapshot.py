@@ -232,7 +232,7 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
                                 progress=progress)
         finally:
             await past.close()
-    state = store._full()
+    state = store._full() if view != "request" else store._state  # (the request view reads only what it holds)
     source: Any
     if view != "request":  # a view of the whole history, streamed: never held in memory twice
         if token_budget is not None:
@@ -261,7 +261,8 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
     if token_budget is not None:
         header["token_budget"] = token_budget
     if view == "request":  # the notes put in place of left-out messages: not messages of the session
-        header["notes"] = sc.note_indices(listed, state.messages)
+        sources = await request_sources(store, listed)
+        header["notes"] = [i for i in sc.note_indices(listed) if sources[i] is None]
     try:
         if format == "markdown":  # (for people: rendered whole)
             messages = [m async for m in source()]
@@ -287,6 +288,46 @@ async def history_messages(store: PersistentContextManager) -> AsyncIterator[dic
         if i and i % 1024 == 0:
             await asyncio.sleep(0)
         yield m
+
+
+async def request_sources(store: PersistentContextManager, messages: list[dict[str, Any]]) -> list[int | None]:
+    """The history index of each message of ``messages``, the store's request view just made, that is one of
+    the history's unchanged (in order; None for a note, a masked or truncated message).
+
+    Only the history messages the view can hold are read: after a windowed rebuild (compaction/window.py) the
+    window's (the kept older ones and every one from its start), else the whole history a message at a time.
+    Each view message is matched with the first equal one after the previous match."""
+    state = store._state
+    window = store._views.window
+    candidates: AsyncIterator[tuple[int, dict[str, Any]]]
+    if window is not None:
+        indices = [i for i in window.indices if i < window.start] + list(range(window.start, len(state.messages)))
+        candidates = _listed([(i, state.messages[i]) for i in indices])
+    else:
+        candidates = _numbered(history_messages(store))
+    def enc(m: dict[str, Any]) -> bytes:
+        return orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+    wanted = {enc(m) for m in messages}
+    where: dict[bytes, list[int]] = {}
+    async for i, m in candidates:
+        e = enc(m)
+        if e in wanted:
+            where.setdefault(e, []).append(i)
+    out: list[int | None] = []
+    last = -1
+    for m in messages:
+        found = next((i for i in where.get(enc(m), ()) if i > last), None)
+        if found is not None:
+            last = found
+        out.append(found)
+    return out
+
+
+async def _numbered(items: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
+    i = 0
+    async for item in items:
+        yield i, item
+        i += 1
 
 
 async def view_stream(store: PersistentContextManager, view: str) -> AsyncIterator[dict[str, Any]]:

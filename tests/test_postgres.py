@@ -354,3 +354,28 @@ async def test_closing_the_log_ends_its_followers(pg_dsn: str, pg_schema: str, s
     finally:
         task.cancel()
         await writer.close()
+
+
+def test_cli_tail_after_reads_from_the_database_after_its_seq(pg_config: dict[str, str], sid: str, tmp_path: Any,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tail --after SEQ` asks the database for the events after SEQ (the file backend's reading from the log's
+    end does not apply); `tail -n N` prints the last N."""
+    async def fill() -> None:
+        store = await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config)
+        await store.add_messages([{"role": "user", "content": f"m{i}"} for i in range(8)])
+        await store.close()
+    asyncio.run(fill())
+    asked: list[int] = []
+    original = PostgresEventLog.read_batches
+
+    def spy(self: Any, after_seq: int = 0, *args: Any, **kwargs: Any) -> Any:
+        asked.append(after_seq)
+        return original(self, after_seq, *args, **kwargs)
+    monkeypatch.setattr(PostgresEventLog, "read_batches", spy)
+    db = ["--dsn", pg_config["dsn"], "--pg-schema", pg_config["pg_schema"]]
+    assert main(["tail", sid, "--after", "6", "--json", *db]) == 0
+    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [7, 8, 9]
+    assert asked == [6]
+    assert main(["tail", sid, "-n", "2", "--json", *db]) == 0
+    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [8, 9]

@@ -239,39 +239,15 @@ async def _where_cmd(args: argparse.Namespace) -> int:
 
 
 # -- show -------------------------------------------------------------------------------------------
-def _request_seqs(keys: Sequence[int], history: Sequence[bytes], messages: Sequence[dict[str, Any]]
-                  ) -> list[int | None]:
-    """The seq of each request-view message that is one of the history's, unchanged, in order (``history``:
-    the positions' canonical encodings, only of messages equal to one of ``messages``, else b""); None for
-    notes, masked and truncated messages."""
-    from ..projection import split_key
-
-    where: dict[bytes, list[int]] = {}
-    for i, enc in enumerate(history):
-        if enc:
-            where.setdefault(enc, []).append(i)
-    out: list[int | None] = []
-    last = -1
-    for m in messages:
-        found = next((i for i in where.get(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), ()) if i > last), None)
-        if found is not None:
-            last = found
-        out.append(None if found is None else split_key(keys[found])[0])
-    return out
-
-
 async def _request_view(store: Any, budget: int | None) -> tuple[list[dict[str, Any]], list[int | None]]:
-    """The request view and its messages' seqs, from one pass over the history that keeps only the encodings
-    of messages equal to one of the view's (the view is bounded by its budget; the history is not held)."""
-    from ..snapshot import history_messages
+    """The request view and its messages' seqs (snapshot.request_sources: read from the history messages the
+    view can hold; the seq of a message is in its key)."""
+    from ..projection import split_key
+    from ..snapshot import request_sources
 
     messages = await store.get_messages_for_request(token_budget=budget)
-    wanted = {orjson.dumps(m, option=orjson.OPT_SORT_KEYS) for m in messages}
-    matches: list[bytes] = []
-    async for m in history_messages(store):
-        enc = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
-        matches.append(enc if enc in wanted else b"")
-    return messages, _request_seqs(store._full().keys, matches, messages)
+    keys = store._state.keys
+    return messages, [None if i is None else split_key(keys[i])[0] for i in await request_sources(store, messages)]
 
 
 async def _streamed(store: Any, view: str) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
@@ -586,15 +562,17 @@ async def _tail(args: argparse.Namespace) -> int:
         print(f"waiting for session {args.session!r} to be created in {where} (from {source})…", file=sys.stderr)
     try:
         if log is not None:
+            anchor_seq, position = _tail_anchor(log, args.after, args.lines)
+            last = max(last, anchor_seq)
             if args.after is not None:  # every event after SEQ
-                async for batch in log.read_batches(after_seq=args.after):
+                async for batch in log.read_batches(after_seq=anchor_seq, position=position):
                     for rec in batch:
                         if rec["seq"] > args.after:
                             _print_record(rec, args.json, on)
                             last = rec["seq"]
             else:  # the last N events
                 recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=args.lines)
-                async for batch in log.read_batches():
+                async for batch in log.read_batches(after_seq=anchor_seq, position=position):
                     recent.extend(batch)
                     last = batch[-1]["seq"]
                 for rec in recent:
@@ -608,6 +586,20 @@ async def _tail(args: argparse.Namespace) -> int:
         if log is not None:
             await log.close()
     return 0
+
+
+def _tail_anchor(log: Any, after: int | None, lines: int) -> tuple[int, int | None]:
+    """``(seq, position)`` to read a file log on from (``read_batches``): right after record ``after``, or before
+    its last ``lines`` records, found without reading what comes before (segments.py, ``LogReader.anchor_for``
+    and ``anchor_before_last``); ``(0, None)``: read from the start. A database log reads after ``after`` by
+    itself."""
+    from ..log import FileEventLog
+
+    if not isinstance(log, FileEventLog):
+        return after or 0, None
+    with log.reader() as reader:
+        found = reader.anchor_for(after) if after is not None else reader.anchor_before_last(lines, log.position)
+    return found if found is not None else (0, None)
 
 
 async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg: dict[str, Any]) -> None:
