@@ -164,19 +164,15 @@ class TokenLedger:
         tokens = state.tokens
         messages = state.messages
         lazy = type(tokens) is LazyList and not tokens.loaded
-        indices: Any = range(first, len(tokens))
-        if lazy:
-            indices = [i for i in tokens.known_indices() if i >= first]  # type: ignore[attr-defined]
         large = []
-        for i in indices:
-            if lazy:
-                if tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
-                    continue
-                message = messages.get_known(i)  # type: ignore[attr-defined]
-            else:
-                if tokens[i] is not None:
-                    continue
-                message = messages[i]
+        if not lazy:  # (a paged history's messages are read in runs, not one read each)
+            for idx, run in self._uncounted_runs(state, first):
+                large += [(i, m) for i, m in zip(idx, run) if len(message_text(m)) >= LARGE_TEXT]
+            return large
+        for i in tokens.known_indices():  # type: ignore[attr-defined]
+            if i < first or tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
+                continue
+            message = messages.get_known(i)  # type: ignore[attr-defined]
             if message is not None and len(message_text(message)) >= LARGE_TEXT:
                 large.append((i, message))
         return large

@@ -6,7 +6,9 @@ message in the log and the message's index inside it (0 for ``message_added``; t
 :class:`MessageReader` turns a ref back into the message: it reads that one line (``log.read_line_at``), verifies
 its checksum, picks the item and keeps it in a small cache of parsed messages, bounded in bytes (least recently
 used first out). Erasure rewrites records in place (same length, same position) and then rebuilds the history;
-:meth:`MessageReader.clear` drops what the cache holds. docs/architecture.md, "Bounded memory".
+:meth:`MessageReader.clear` drops what the cache holds. The cache and the checks are :class:`PageCache`, which
+the PostgreSQL reader (pg/pages.py, where a ref is the message's key) shares. docs/architecture.md, "Bounded
+memory".
 """
 
 from __future__ import annotations
