@@ -260,3 +260,31 @@ async def test_a_checkpoint_holding_messages_opens_as_refs(storage: Path, sid: s
         assert store.stats()["checkpoint"]["loaded_seq"] == store.head_seq
         _refs_only(store)
         assert await store.get_messages() == added
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+async def test_the_first_request_view_reads_the_history_in_runs_not_a_query_a_message(
+        storage: Path, sid: str, pg_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch, windowed: bool) -> None:
+    """Opened from a checkpoint without token counts, the first request view (a whole build, or a windowed
+    rebuild scanning the older history for its system messages and large uncounted messages) reads with a
+    query per run of messages, not one per message."""
+    added = [{"role": "system", "content": "You are helpful."}, *tool_turns(700, size=100)]
+    async with await _open(storage, sid, pg_config, tokenizer="o200k_base") as store:
+        await store.add_messages(added)
+    queries = []
+    rows = PostgresMessageReader._rows
+
+    def counted(self: PostgresMessageReader, seqs: list[int]) -> dict[int, bytes]:
+        queries.append(len(seqs))
+        return rows(self, seqs)
+
+    monkeypatch.setattr(PostgresMessageReader, "_rows", counted)
+    async with await _open(storage, sid, pg_config, tokenizer="o200k_base") as store:
+        assert store._s.checkpoints.loaded_seq == store.head_seq and not queries
+        if windowed:
+            store.WINDOW_MIN_MESSAGES = 100
+        view = await store.get_messages_for_request(token_budget=2000)
+        assert view[0] == added[0] and view[-1] == added[-1] and len(view) < len(added)
+        assert sum(queries) >= len(added) - len(view)  # (it did read the older history)
+        assert len(queries) < 300, len(queries)
+        assert ("window" in store.stats()["last_compaction"]) == windowed
