@@ -288,3 +288,20 @@ async def test_the_first_request_view_reads_the_history_in_runs_not_a_query_a_me
         assert sum(queries) >= len(added) - len(view)  # (it did read the older history)
         assert len(queries) < 300, len(queries)
         assert ("window" in store.stats()["last_compaction"]) == windowed
+
+
+async def test_a_large_message_counted_off_the_loop_keeps_its_count(storage: Path, sid: str,
+                                                                    pg_config: dict[str, Any]) -> None:
+    """The request view counts long uncounted messages in a worker thread; in a paged history (read back, not
+    held) the count is kept: it is stored by the message's ref, not by the identity of a second read."""
+    large = {"role": "user", "content": "word " * 20_000}  # (100,000 characters: counted off the loop)
+    added = [{"role": "system", "content": "You are helpful."}, *tool_turns(100, size=100), large,
+             *tool_turns(200, size=100)]
+    async with await _open(storage, sid, pg_config, tokenizer="o200k_base") as store:
+        await store.add_messages(added)
+    async with await _open(storage, sid, pg_config, tokenizer="o200k_base") as store:
+        store.WINDOW_MIN_MESSAGES = 100
+        assert store._state.tokens[401] is None
+        await store.get_messages_for_request(token_budget=2000)
+        assert store._state.tokens[401] is not None
+        assert "window" in store.stats()["last_compaction"]  # (the large message is in the omitted part)
