@@ -103,3 +103,12 @@ async def reconnect(dsn: str, window: float, *, writer: bool = False) -> Any:
             if loop.time() >= deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def close_quietly(conn: Any) -> None:
+    """Close ``conn`` if it is open (5 s at most; else, or if closing fails, drop it)."""
+    if conn is not None and not conn.is_closed():
+        try:
+            await asyncio.wait_for(conn.close(), 5.0)
+        except Exception:
+            conn.terminate()

@@ -33,7 +33,8 @@ from ..errors import (
     StoreClosedError,
 )
 from ..paths import validate_session_id
-from .connection import _lost_errors, channel_of, connect, lock_key, reconnect, require_asyncpg, translated
+from .connection import (_lost_errors, channel_of, close_quietly, connect, lock_key, reconnect, require_asyncpg,
+                         translated)
 from .dsn import redact_dsn, resolve_dsn, resolve_schema
 from .schema import _check_version, _schema_version, ensure_schema
 
@@ -475,11 +476,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
         for conn in list(self._followers):
             conn.terminate()
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), 5.0)
-            except Exception:
-                conn.terminate()
+        await close_quietly(conn)
 
     async def __aenter__(self) -> "PostgresEventLog":
         return self

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatabaseError, LogCorruptedError, RecordCorruptedError, StoreClosedError
 from ..pages import CACHE_BYTES, REF_INDEX_BITS, PageCache
-from .connection import _lost_errors, reconnect, require_asyncpg
+from .connection import _lost_errors, close_quietly, reconnect, require_asyncpg
 
 if TYPE_CHECKING:
     from .log import PostgresEventLog
@@ -156,8 +156,4 @@ class PostgresMessageReader(PageCache):
 
     async def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), 5.0)
-            except Exception:
-                conn.terminate()
+        await close_quietly(conn)
