@@ -39,6 +39,21 @@ async def open_log(storage_path: str | os.PathLike[str], session_id: str, cfg: d
                         compress_sealed=cfg.get("compress_sealed", False))
 
 
+def pager_for(log: EventLog, cache_bytes: int) -> Any:
+    """Where a session's history reads its messages back (docs/architecture.md, "Bounded memory"): a file
+    log's records by byte position (pages.MessageReader), a PostgreSQL log's by seq
+    (pg/pages.PostgresMessageReader); None for any other log (the history then holds the messages)."""
+    if isinstance(log, FileEventLog):
+        from .pages import MessageReader
+
+        return MessageReader(log.directory, cache_bytes, log.reader if log.readonly else None)
+    if type(log).__name__ == "PostgresEventLog":  # (importing pg here would load it for file stores too)
+        from .pg.pages import PostgresMessageReader
+
+        return PostgresMessageReader(log, cache_bytes)  # type: ignore[arg-type]
+    return None
+
+
 async def apply_retention(storage_path: Path, session_id: str, cfg: dict[str, Any]) -> None:
     """``retention.apply_on_open``: apply the policy to the other sessions of the backend ``cfg`` selects before
     ``session_id`` opens (docs/operations.md, "Retention"); what moved is logged at INFO."""
@@ -70,4 +85,4 @@ async def open_store_log(storage_path: Path, session_id: str, cfg: dict[str, Any
     return await open_log(storage_path, session_id, cfg, readonly=readonly)
 
 
-__all__ = ["BACKENDS", "apply_retention", "open_log", "open_store_log"]
+__all__ = ["BACKENDS", "apply_retention", "open_log", "open_store_log", "pager_for"]

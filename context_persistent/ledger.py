@@ -157,29 +157,27 @@ class TokenLedger:
     def count_one(self, i: int) -> int:
         return self.count_indices((i,))[i]  # type: ignore[return-value]
 
-    def _large_uncounted(self, first: int) -> list[tuple[int, Any]]:
-        """The uncounted messages from index ``first`` on whose text is ``LARGE_TEXT`` characters or more (a
-        lazy history's unloaded part is never read)."""
+    def _large_uncounted(self, first: int) -> Iterator[list[tuple[int, Any, Any]]]:
+        """The uncounted messages from index ``first`` on whose text is ``LARGE_TEXT`` characters or more, as
+        ``(index, item, message)`` (``item``: what the history holds there, the message or its ref), a run of
+        the history at a time: a paged history's messages are read in runs and not kept (a lazy history's
+        unloaded part is never read)."""
         state = self._s.state
         tokens = state.tokens
         messages = state.messages
-        lazy = type(tokens) is LazyList and not tokens.loaded
-        indices: Any = range(first, len(tokens))
-        if lazy:
-            indices = [i for i in tokens.known_indices() if i >= first]  # type: ignore[attr-defined]
+        if not (type(tokens) is LazyList and not tokens.loaded):
+            items = messages.items if type(messages) is PagedList else messages
+            for idx, run in self._uncounted_runs(state, first):
+                yield [(i, items[i], m) for i, m in zip(idx, run) if len(message_text(m)) >= LARGE_TEXT]
+            return
         large = []
-        for i in indices:
-            if lazy:
-                if tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
-                    continue
-                message = messages.get_known(i)  # type: ignore[attr-defined]
-            else:
-                if tokens[i] is not None:
-                    continue
-                message = messages[i]
+        for i in tokens.known_indices():  # type: ignore[attr-defined]
+            if i < first or tokens.get_known(i, 0) is not None:  # type: ignore[attr-defined]
+                continue
+            message = messages.get_known(i)  # type: ignore[attr-defined]
             if message is not None and len(message_text(message)) >= LARGE_TEXT:
-                large.append((i, message))
-        return large
+                large.append((i, message, message))
+        yield large
 
     async def count_missing_off_loop(self) -> None:
         """Count every message not counted yet (a history replayed or opened without counts), a run of
@@ -227,17 +225,18 @@ class TokenLedger:
         self._large_seen = (tokens, n)
         if self._estimator_replaced_encoding():
             return  # (counts() is about to count everything again with the estimator)
-        large = self._large_uncounted(first)
-        if not large:
-            return
         counter = s.counter
-        counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
         busy = self._large_busy = asyncio.get_running_loop().create_future()
         try:
-            for i, message in large:
-                counted = await asyncio.to_thread(counter.count_message, message)
-                if s.state is state and i < len(state.messages) and state.messages[i] is message:
-                    state.tokens[i] = counted  # (unless the history changed meanwhile)
+            for large in self._large_uncounted(first):
+                if large:
+                    counter.name  # noqa: B018 (load the encoding on the loop: a first load in a thread races its counts)
+                for i, item, message in large:
+                    counted = await asyncio.to_thread(counter.count_message, message)
+                    messages = state.messages
+                    now = messages.items if type(messages) is PagedList else messages
+                    if s.state is state and i < len(now) and now[i] is item:
+                        state.tokens[i] = counted  # (unless the history changed meanwhile)
         finally:
             self._large_busy = None
             busy.set_result(None)

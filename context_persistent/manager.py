@@ -369,8 +369,8 @@ class PersistentContextManager:
     async def iter_messages(self, chunk: int = 256) -> AsyncIterator[dict[str, Any]]:
         """Yields the full history, oldest first, as ``get_messages()`` returns it, one copy at a time.
 
-        Unlike ``get_messages()`` it never holds the history in memory: on a file log, messages are read from
-        the log as the iteration reaches them (docs/architecture.md, "Bounded memory"), and the event loop runs
+        Unlike ``get_messages()`` it never holds the history in memory: messages are read from the log (on
+        PostgreSQL, its table) as the iteration reaches them (docs/architecture.md, "Bounded memory"), and the event loop runs
         other tasks every ``chunk`` messages. It shows the history as it was when the iteration began (later
         changes are not seen). Raises StoreClosedError after ``close()`` (also when the store is closed while
         iterating).

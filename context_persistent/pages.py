@@ -6,7 +6,9 @@ message in the log and the message's index inside it (0 for ``message_added``; t
 :class:`MessageReader` turns a ref back into the message: it reads that one line (``log.read_line_at``), verifies
 its checksum, picks the item and keeps it in a small cache of parsed messages, bounded in bytes (least recently
 used first out). Erasure rewrites records in place (same length, same position) and then rebuilds the history;
-:meth:`MessageReader.clear` drops what the cache holds. docs/architecture.md, "Bounded memory".
+:meth:`MessageReader.clear` drops what the cache holds. The cache and the checks are :class:`PageCache`, which
+the PostgreSQL reader (pg/pages.py, where a ref is the message's key) shares. docs/architecture.md, "Bounded
+memory".
 """
 
 from __future__ import annotations
@@ -58,29 +60,29 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
     return None
 
 
-class MessageReader:
-    """Reads messages by ref from one session's log (its folder ``directory``), through an LRU cache of at most
-    ``cache_bytes``. Lines are read through a :class:`~context_persistent.segments.LogReader` kept open (global
-    positions across sealed segments); it is opened again when a position lies beyond what it saw (a roll since)
-    and by :meth:`clear`. :meth:`close` releases it.
+class PageCache:
+    """What every pager shares: the LRU cache of parsed messages by ref, at most ``cache_bytes`` (the JSON bytes
+    of the messages it holds), and what it does with a record it read for a ref: verify it (``codec.decode``),
+    pick the message the ref names (LogCorruptedError if there is none: nothing is skipped silently) and keep
+    it. A subclass reads records: ``_line(at)`` (the record a ref's upper part names) and ``_broken(at, why)``
+    (the error naming where it is); ``fetch_many`` reads what the cache does not hold, in runs.
 
-    ``reads`` counts lines read from the log and ``hits`` refs served from the cache (tests and benchmarks
-    use them to check that a path reads only what it needs).
+    ``reads`` counts records read and ``hits`` refs served from the cache (tests and benchmarks use them to
+    check that a path reads only what it needs).
     """
 
-    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES,
-                 open_reader: Callable[[], LogReader] | None = None) -> None:
-        #: Opens the reader first (a read-only log's own files: log.FileEventLog.reader); a position beyond
-        #: what it holds is looked for again in the log as it is now.
-        self._open_reader = open_reader
-        self.directory = directory
-        self.path = directory / LOG_NAME
-        self._reader: LogReader | None = None
+    def __init__(self, cache_bytes: int) -> None:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[int, tuple[Any, int]] = OrderedDict()
         self._held = 0
         self.reads = 0
         self.hits = 0
+
+    def _line(self, at: int) -> bytes:
+        raise NotImplementedError
+
+    def _broken(self, at: int, reason: str) -> LogCorruptedError:
+        raise NotImplementedError
 
     def fetch(self, ref: int) -> dict[str, Any]:
         """The message ``ref`` names; LogCorruptedError if the log does not hold a valid record with that
@@ -91,37 +93,40 @@ class MessageReader:
             cache.move_to_end(ref)
             self.hits += 1
             return hit[0]  # type: ignore[no-any-return]
-        position, index = split_ref(ref)
-        line = self._line(position)
-        self.reads += 1
-        try:
-            rec = codec.decode(line)
-        except codec.RecordError as e:
-            raise LogCorruptedError(str(self.path), 0, position,
-                                    f"the record a message of the history refers to fails verification: {e}"
-                                    ) from None
-        message = message_of(rec, index)
-        if type(message) is not dict:
-            raise LogCorruptedError(str(self.path), 0, position,
-                                    f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
-                                    f"index {index}, which the history refers to")
+        at, index = split_ref(ref)
+        line = self._line(at)
+        rec = self._record(at, line)
+        message = self._message(at, rec, index)
         data = rec["data"]
         if isinstance(data.get("messages"), list) and len(data["messages"]) > 1:
             # A record of several messages: keep its others too (reading one usually means reading its neighbours).
             share = max(1, len(line) // len(data["messages"]))
             for i, m in enumerate(data["messages"]):
                 if i != index and type(m) is dict:
-                    self.put(make_ref(position, i), m, share)
+                    self.put(make_ref(at, i), m, share)
             self.put(ref, message, share)
         else:
             self.put(ref, message, len(line))
         return message
 
-    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
-        """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
-        read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
-        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
-        cache (a pass over the whole history would evict what the request view reads)."""
+    def _record(self, at: int, line: bytes) -> dict[str, Any]:
+        """The record ``line`` (read for refs at ``at``), verified."""
+        self.reads += 1
+        try:
+            return codec.decode(line)
+        except codec.RecordError as e:
+            raise self._broken(at, f"the record a message of the history refers to fails verification: {e}"
+                               ) from None
+
+    def _message(self, at: int, rec: dict[str, Any], index: int) -> dict[str, Any]:
+        message = message_of(rec, index)
+        if type(message) is not dict:
+            raise self._broken(at, f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
+                               f"index {index}, which the history refers to")
+        return message
+
+    def _uncached(self, refs: list[int]) -> tuple[list[Any], dict[int, list[int]]]:
+        """``refs`` served from the cache (None where it misses) and the misses: ``{ref >> 20: [their places]}``."""
         out: list[Any] = [None] * len(refs)
         want: dict[int, list[int]] = {}
         cache = self._cache
@@ -132,6 +137,58 @@ class MessageReader:
                 out[k] = hit[0]
             else:
                 want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+        return out, want
+
+    def put(self, ref: int, message: dict[str, Any], size: int) -> None:
+        """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
+        cache = self._cache
+        old = cache.pop(ref, None)
+        if old is not None:
+            self._held -= old[1]
+        if size > self.cache_bytes:
+            return
+        cache[ref] = (message, size)
+        self._held += size
+        while self._held > self.cache_bytes:
+            _, (_, n) = cache.popitem(last=False)
+            self._held -= n
+
+    def clear(self) -> None:
+        """Forget everything read (after records were rewritten: erasure)."""
+        self._cache.clear()
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+class MessageReader(PageCache):
+    """Reads messages by ref from one session's log (its folder ``directory``), through an LRU cache of at most
+    ``cache_bytes``. Lines are read through a :class:`~context_persistent.segments.LogReader` kept open (global
+    positions across sealed segments); it is opened again when a position lies beyond what it saw (a roll since)
+    and by :meth:`clear`. :meth:`close` releases it.
+    """
+
+    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES,
+                 open_reader: Callable[[], LogReader] | None = None) -> None:
+        super().__init__(cache_bytes)
+        #: Opens the reader first (a read-only log's own files: log.FileEventLog.reader); a position beyond
+        #: what it holds is looked for again in the log as it is now.
+        self._open_reader = open_reader
+        self.directory = directory
+        self.path = directory / LOG_NAME
+        self._reader: LogReader | None = None
+
+    def _broken(self, at: int, reason: str) -> LogCorruptedError:
+        return LogCorruptedError(str(self.path), 0, at, reason)
+
+    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
+        """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
+        read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
+        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
+        cache (a pass over the whole history would evict what the request view reads)."""
+        out, want = self._uncached(refs)
         if want:
             positions = sorted(want)
             i = 0
@@ -158,19 +215,9 @@ class MessageReader:
             ks = want.get(at)
             if ks is None or not line.endswith(b"\n"):
                 continue
-            self.reads += 1
-            try:
-                rec = codec.decode(line)
-            except codec.RecordError as e:
-                raise LogCorruptedError(str(self.path), 0, at, "the record a message of the history refers "
-                                        f"to fails verification: {e}") from None
+            rec = self._record(at, line)
             for k in ks:
-                message = message_of(rec, refs[k] & _INDEX_MASK)
-                if type(message) is not dict:
-                    raise LogCorruptedError(str(self.path), 0, at, f"the record (seq {rec.get('seq')}, "
-                                            f"{rec.get('type')}) holds no message at index "
-                                            f"{refs[k] & _INDEX_MASK}, which the history refers to")
-                out[k] = message
+                out[k] = self._message(at, rec, refs[k] & _INDEX_MASK)
             done.add(at)
         for p in positions:
             if p not in done:
@@ -203,31 +250,12 @@ class MessageReader:
                                         f"a message of the history refers to: {why}")
         raise AssertionError("unreachable")
 
-    def put(self, ref: int, message: dict[str, Any], size: int) -> None:
-        """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
-        cache = self._cache
-        old = cache.pop(ref, None)
-        if old is not None:
-            self._held -= old[1]
-        if size > self.cache_bytes:
-            return
-        cache[ref] = (message, size)
-        self._held += size
-        while self._held > self.cache_bytes:
-            _, (_, n) = cache.popitem(last=False)
-            self._held -= n
-
     def clear(self) -> None:
         """Forget everything read (after the log was rewritten: erasure)."""
-        self._cache.clear()
-        self._held = 0
+        super().clear()
         self.close()
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-
-    @property
-    def held_bytes(self) -> int:
-        return self._held

@@ -232,8 +232,8 @@ class LazyList:
 
 
 class Pager(Protocol):
-    """Where a paged history reads its messages (pages.MessageReader): ``fetch(ref)`` and ``put(ref, message,
-    size)``."""
+    """Where a paged history reads its messages (pages.MessageReader, pg/pages.PostgresMessageReader):
+    ``fetch(ref)``, ``fetch_many(refs)`` and ``put(ref, message, size)``."""
 
     def fetch(self, ref: int) -> dict[str, Any]: ...
 
@@ -338,8 +338,9 @@ class Projection:
                  "counts", "counted_version", "removed", "pager")
 
     def __init__(self, pager: Pager | None = None) -> None:
-        #: With a pager (a file log's MessageReader), messages are kept as refs to their records wherever
-        #: :meth:`apply` is given the record's position: ``messages`` is then a :class:`PagedList`.
+        #: With a pager (pages.MessageReader, pg/pages.PostgresMessageReader), messages are kept as refs to
+        #: their records wherever :meth:`apply` is given the record's position (a file log's byte position,
+        #: a PostgreSQL record's seq): ``messages`` is then a :class:`PagedList`.
         self.pager = pager
         self.messages: list[dict[str, Any]] = PagedList([], pager) if pager is not None else []  # type: ignore[assignment]
         self.keys: list[int] = []

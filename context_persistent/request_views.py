@@ -136,7 +136,9 @@ class RequestViews:
         self.window = window
         messages = state.messages
         if built is None:  # a whole-history build: it reads everything (a lazy state loads the rest)
-            messages = s.full().messages
+            # Read once, in runs (a paged history): the build reads each message more than once and tells the
+            # messages it kept unchanged by identity, which two reads of one ref would not have.
+            messages = list(s.full().messages)
             pinned_keys = state.pinned
             pinned = [k in pinned_keys for k in state.keys] if pinned_keys else [False] * len(messages)
             tokens = self._ledger.counts()

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .errors import ReadOnlyError, StoreClosedError
 from .eventlog import EventLog
-from .log import FileEventLog
-from .pages import MessageReader
+from .backends import pager_for
 from .projection import Projection
 from .tokens import TokenCounter
 
@@ -54,11 +53,10 @@ class Session:
         self.log = log
         #: The ``prev`` of the session's first record (codec.root_crc); later records name their predecessor.
         self.root = codec.root_crc(session_id)
-        #: A file log's history keeps refs to its records, not the messages: they are read back through this
-        #: (a bounded cache, then the log; pages.py, docs/architecture.md "Bounded memory"). None elsewhere.
-        self.pager = (MessageReader(log.directory, config["page_cache_bytes"],
-                                    log.reader if log.readonly else None) if isinstance(log, FileEventLog)
-                      else None)
+        #: The history keeps refs to the log's records, not the messages: they are read back through this (a
+        #: bounded cache, then the log; pages.py, pg/pages.py, docs/architecture.md "Bounded memory"). None for
+        #: a log that has no pager: the history then holds the messages.
+        self.pager = pager_for(log, config["page_cache_bytes"])
         self.state = Projection(self.pager)
         self.counter = TokenCounter(config["tokenizer"])
         self.compaction: CompactionConfig = config["compaction"]
@@ -117,9 +115,21 @@ class Session:
     def tokenizer_name(self) -> str:
         return self.counter.name
 
-    def log_position(self) -> int | None:
-        """Where the next record starts in the log, for a paged history (None: the history holds messages)."""
-        return self.log.position if self.pager is not None else None  # type: ignore[attr-defined, no-any-return]
+    def ref_positions(self, first_seq: int, lines: Sequence[bytes]) -> list[int | None]:
+        """Where a paged history finds each of ``lines`` (the records from ``first_seq`` on, about to be
+        appended) again: its byte position in a file log, its seq in PostgreSQL; None where the history holds
+        the messages (no pager)."""
+        pager = self.pager
+        if pager is None:
+            return [None] * len(lines)
+        if getattr(pager, "refs_are_keys", False):
+            return list(range(first_seq, first_seq + len(lines)))
+        out: list[int | None] = []
+        at: int = self.log.position  # type: ignore[attr-defined]
+        for line in lines:
+            out.append(at)
+            at += len(line)
+        return out
 
     def log_dir(self) -> Path:
         return self.storage_path / self.session_id

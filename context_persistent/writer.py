@@ -51,7 +51,7 @@ class Writer:
         ts = codec.now_iso()
         log = s.log
         line = codec.encode(seq, type_, data_json, ts, log.last_crc or s.root)
-        start = s.log_position()
+        start = s.ref_positions(seq, (line,))[0]
         await log.append((line,), seq)
         s.state.apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
         if type_ not in _KEEPS_EPOCH:
@@ -85,17 +85,15 @@ class Writer:
         first = s.state.head_seq + 1
         ts = codec.now_iso()
         lines = self._encode_run(first, [(t, dj) for t, _, dj in batch], ts)
-        start = s.log_position()
+        starts = s.ref_positions(first, lines)
         try:
             await s.log.append(lines, first)
         except BaseException:
             self.deferred = deferred + self.deferred
             raise
         apply = s.state.apply
-        for seq, (t, d, _), line in zip(range(first, first + len(batch)), batch, lines):
+        for seq, (t, d, _), line, start in zip(range(first, first + len(batch)), batch, lines, starts):
             apply({"seq": seq, "ts": ts, "type": t, "data": d}, start, len(line))
-            if start is not None:
-                start += len(line)
             if t not in _KEEPS_EPOCH:
                 s.epoch += 1
         self._after_append()
@@ -136,9 +134,9 @@ class Writer:
                 state = s.state
                 first = state.head_seq + 1
                 ts = codec.now_iso()  # one write, one time: the records of a group commit share it
-                start = s.log_position()
                 try:
                     lines = self._encode_run(first, [(type_, data_json) for type_, _, data_json, _ in batch], ts)
+                    starts = s.ref_positions(first, lines)
                     await s.log.append(lines, first)
                 except Exception as e:  # nothing of this group was applied: each of its callers gets the error
                     self.deferred = deferred + self.deferred
@@ -147,10 +145,9 @@ class Writer:
                             fut.set_exception(e)
                     continue
                 apply = state.apply
-                for seq, (type_, data, _, fut), line in zip(range(first, first + len(batch)), batch, lines):
+                for seq, (type_, data, _, fut), line, start in zip(range(first, first + len(batch)), batch, lines,
+                                                                    starts):
                     apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
-                    if start is not None:
-                        start += len(line)
                     if type_ not in _KEEPS_EPOCH:
                         s.epoch += 1
                     if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)

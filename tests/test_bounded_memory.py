@@ -297,12 +297,12 @@ async def test_a_layout_3_checkpoint_with_messages_inline_is_still_read(storage:
 
 
 async def test_a_refs_checkpoint_is_ignored_where_no_log_can_resolve_it(storage: Path) -> None:
-    """A state of refs restored without a pager (a backend without byte positions) is refused with a reason."""
+    """A state of refs restored without a pager (a log that cannot read its messages back) is refused with a reason."""
     from context_persistent.checkpoint import CheckpointError, restore
 
     await _session(storage, 100)
     cp = decode((storage / S / CHECKPOINT_NAME).read_bytes())
-    with pytest.raises(CheckpointError, match="position in the log"):
+    with pytest.raises(CheckpointError, match="place in the log"):
         restore(cp, lambda: "chars/4")
     os.chmod(storage / S / CHECKPOINT_NAME, 0o600)
 

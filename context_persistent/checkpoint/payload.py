@@ -13,7 +13,7 @@ import orjson
 
 from .. import codec
 from ..paths import CHECKPOINT_BASE_NAME
-from ..projection import Projection, raw_items
+from ..projection import PagedList, Projection, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it.
@@ -219,8 +219,9 @@ def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
 def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> Projection:
     """The projection stored in ``cp``; token counts are kept only if ``tokenizer()`` is the one that counted.
 
-    Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one (a backend
-    without byte positions) such a state cannot be used."""
+    Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one such a state
+    cannot be used. A pager whose refs are the messages' keys (PostgreSQL) gets every message as a ref, stored
+    inline or not."""
     if cp.state is None:
         raise CheckpointError("the state section was not read")
     try:
@@ -235,8 +236,13 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> 
         raise CheckpointError("state holds keys that are not integers or messages that are neither objects nor "
                               "references to the log")
     if pager is None and any(type(m) is int for m in items):
-        raise CheckpointError("state refers to messages by their position in the log, which only the file "
-                              "log it was written beside can resolve")
+        raise CheckpointError("state refers to messages by their place in the log, which only the log it was "
+                              "written beside can resolve")
+    if getattr(pager, "refs_are_keys", False):  # (PostgreSQL: a message's ref is its key, pg/pages.py)
+        if any(k < 0 or type(m) is int and m != k for m, k in zip(items, state.keys)):
+            raise CheckpointError("state refers to messages by refs that are not their keys")
+        # A state written with the messages (before refs) is read as refs too: its history holds no message.
+        state.messages = PagedList(list(state.keys), pager)  # type: ignore[assignment]
     counted = any(t is not None for t in state.tokens)
     if counted and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
         state.tokens = [None] * len(state.tokens)  # counted by another tokenizer: count again, lazily

@@ -141,8 +141,8 @@ class Checkpointer:
         #: which a new checkpoint can copy instead of loading and serialising the whole history.
         self._lazy_source: tuple[Any, int, int, Checkpoint] | None = None
         self._system = SystemIndex()
-        #: Where a file log's messages are read from (pages.MessageReader; set by the manager): the states this
-        #: loads keep refs to the log instead of messages. None: messages are held (other backends).
+        #: Where the log's messages are read from (pages.py, pg/pages.py; set by the manager): the states this
+        #: loads keep refs to the log instead of messages. None: messages are held (a log without a pager).
         self.pager: Any = None
         #: Set by the manager: ``() -> (n, total)``, the first n messages' token counts summing to total (known
         #: without reading the history), or None. A front section records it, so stats() after the next open
@@ -345,9 +345,13 @@ class Checkpointer:
             if after_seq == 0 and batch and self.first_crc is None:
                 self.first_crc = batch[0].get("crc")
             spans = getattr(log, "batch_spans", None) if paged else None
+            sizes = getattr(log, "batch_sizes", None) if paged else None
             if spans is not None and len(spans) == len(batch):  # (the file log: where each record is)
                 for rec, (start, end) in zip(batch, spans):
                     apply(rec, start, end - start)
+            elif sizes is not None and len(sizes) == len(batch):  # (PostgreSQL: a record is found by its seq)
+                for rec, size in zip(batch, sizes):
+                    apply(rec, rec["seq"], size)
             else:
                 for rec in batch:
                     apply(rec)

@@ -122,6 +122,10 @@ def find_start(messages: Sequence[Message], token_of: Callable[[int], int], budg
     return start if start > 0 else None
 
 
+#: Messages the scan of the older history reads at a time (``_older_facts``).
+SCAN_CHUNK = 1024
+
+
 def _older_facts(messages: Sequence[Message], start: int, keep_head: int
                  ) -> tuple[set[int], list[int], int | None]:
     """System/developer indices before ``start``, the first ``keep_head`` other indices, the first real user turn.
@@ -133,13 +137,19 @@ def _older_facts(messages: Sequence[Message], start: int, keep_head: int
     wanted: set[int] = set() if known is None else {i for i in known if i < start}
     heads: list[int] = []
     first_user: int | None = None
+    chunk: Sequence[Message] = ()
+    at = 0
     for i in range(start):
         if known is not None:
             if len(heads) >= keep_head and first_user is not None:
                 break  # everything else before start is known: the system messages are listed
             if i in wanted:
                 continue
-        m = messages[i]
+            m = messages[i]
+        else:  # (read in slices: a paged history reads a slice's messages together)
+            if i - at >= len(chunk):
+                at, chunk = i, messages[i:min(start, i + SCAN_CHUNK)]
+            m = chunk[i - at]
         if is_system(m):
             wanted.add(i)
             continue

@@ -89,3 +89,26 @@ async def connect(dsn: str, *, writer: bool = False, timeout: float = 10.0) -> A
             why = f"{type(e).__name__}: {scrub(str(e), dsn)}" if str(e) else type(e).__name__
         raise DatabaseError(f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({_endpoint(dsn)}): {why}") from None
 
+
+
+async def reconnect(dsn: str, window: float, *, writer: bool = False) -> Any:
+    """A new connection after one was lost: :func:`connect`, tried again every 0.2 s for ``window`` seconds
+    (a restarting server); DatabaseError when it still cannot be reached."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + window
+    while True:
+        try:
+            return await connect(dsn, writer=writer)
+        except DatabaseError:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def close_quietly(conn: Any) -> None:
+    """Close ``conn`` if it is open (5 s at most; else, or if closing fails, drop it)."""
+    if conn is not None and not conn.is_closed():
+        try:
+            await asyncio.wait_for(conn.close(), 5.0)
+        except Exception:
+            conn.terminate()

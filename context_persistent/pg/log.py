@@ -33,7 +33,8 @@ from ..errors import (
     StoreClosedError,
 )
 from ..paths import validate_session_id
-from .connection import _lost_errors, channel_of, connect, lock_key, require_asyncpg, translated
+from .connection import (_lost_errors, channel_of, close_quietly, connect, lock_key, reconnect, require_asyncpg,
+                         translated)
 from .dsn import redact_dsn, resolve_dsn, resolve_schema
 from .schema import _check_version, _schema_version, ensure_schema
 
@@ -103,6 +104,9 @@ class PostgresEventLog:
         self._broken: BaseException | None = None  # set when the writer can no longer append
         self._followers: set[Any] = set()
         self._backend: int | None = None  # server pid of the connection holding our lock
+        #: The byte length of each record of the batch ``read_batches`` yielded last (the same order): what a
+        #: paged history's cache counts for the messages it keeps (pg/pages.py).
+        self.batch_sizes: list[int] = []
         #: Where the manager's checkpoints go for this backend (checkpoint/store.py looks for this attribute).
         self.checkpoint_store = PostgresCheckpointStore(self)
 
@@ -207,16 +211,7 @@ class PostgresEventLog:
         conn = self._conn
         if conn is not None and not conn.is_closed():
             return conn
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + RECONNECT_WINDOW
-        while True:
-            try:
-                conn = await connect(self.dsn, writer=not self.readonly)
-                break
-            except DatabaseError:
-                if loop.time() >= deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        conn = await reconnect(self.dsn, RECONNECT_WINDOW, writer=not self.readonly)
         try:
             if not self.readonly:
                 await self._lock(conn, wait_for_pid=self._backend)
@@ -286,11 +281,14 @@ class PostgresEventLog:
             if not rows:
                 break
             out = []
+            sizes = []
             for seq, record in rows:
                 rec = self._verify(seq, record, last + 1)
                 links = self._linked(links, rec)
                 out.append(rec)
+                sizes.append(len(record))
                 last = seq
+            self.batch_sizes = sizes
             self.last_seq = max(self.last_seq, last)
             self.last_crc = links.last.encode() if links is not None and links.last else self.last_crc
             yield out
@@ -478,11 +476,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
         for conn in list(self._followers):
             conn.terminate()
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), 5.0)
-            except Exception:
-                conn.terminate()
+        await close_quietly(conn)
 
     async def __aenter__(self) -> "PostgresEventLog":
         return self
