@@ -29,7 +29,8 @@ import pytest
 from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, session_id_of,
                       text_of, unavailable, user_texts)
 
-pytestmark = pytest.mark.timeout(600)
+# The host (a session fixture) is built once: with pytest-xdist (make test) these tests run in one worker.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("amplifier_cli")]
 
 
 @pytest.fixture(scope="session")
