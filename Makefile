@@ -24,13 +24,19 @@ $(DEMO_VENV)/.stamp: pyproject.toml $(shell find context_persistent -name '*.py'
 demo: $(DEMO_VENV)/.stamp
 	@$(DEMO_VENV)/bin/context-persistent demo
 
-## test: the whole suite, slow crash tests included (what CI runs)
+## test: the whole suite, slow crash tests included (what CI runs), in TEST_WORKERS pytest-xdist workers;
+## the bytecode is compiled first, once, for the many child processes the tests start
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+BYTECODE := $(PY) -m compileall -q context_persistent amplifier_module_context_persistent benchmarks tests
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@$(BYTECODE)
+	$(PYTEST)
 
 ## test-fast: everything but the tests marked slow
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	@$(BYTECODE)
+	$(PYTEST) -m "not slow"
 
 ## bench: the full benchmark suite (ratios against the floor and the peers, one run)
 bench: $(STAMP)

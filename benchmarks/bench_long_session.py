@@ -401,10 +401,14 @@ def _label(n: int) -> str:
 
 
 def run(ctx: Ctx) -> list[Row]:
+    # long_rounds: rounds at each size under 1M (at most the run's rounds); long_peers, long_cli: the peers' steps
+    # and the command-line commands run at every size of at least that many messages (0: at none).
     ctx.defaults(quick={"long_small": 1_000, "long_medium": 5_000, "long_large": 0, "long_appends": 200,
-                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800},
+                        "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800,
+                        "long_rounds": 3, "long_peers": 1},
                  full={"long_small": 10_000, "long_medium": 100_000, "long_large": 1_000_000, "long_appends": 1_000,
-                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800})
+                       "long_large_rounds": 1, "long_rss_cap_mb": 6144, "long_step_timeout_s": 300, "long_cli": 1, "long_prepare_timeout_s": 1800,
+                       "long_rounds": 3, "long_peers": 1})
     sizes = [n for n in (ctx.size("long_small"), ctx.size("long_medium"), ctx.size("long_large")) if n > 0]
     if not sizes:
         return []
@@ -418,16 +422,19 @@ def run(ctx: Ctx) -> list[Row]:
     for n in sizes:
         s = _Session(ctx, n, cap, timeout, ctx.size("long_prepare_timeout_s"))
         sessions[n] = s
-        rounds = ctx.size("long_large_rounds") if n >= 1_000_000 else min(ctx.rounds, 3)
+        rounds = ctx.size("long_large_rounds") if n >= 1_000_000 else min(ctx.rounds, ctx.size("long_rounds"))
         got: dict[str, dict[str, list[dict[str, Any]]]] = {"ours": {}, "reference": {}, "sqlite": {}, "cli": {}}
+        kinds = (("ours", STEPS), ("reference", PEER_STEPS), ("sqlite", PEER_STEPS))
+        if not 0 < ctx.size("long_peers") <= n:
+            kinds = kinds[:1]
         try:
             for r in range(rounds):
-                for kind, steps in (("ours", STEPS), ("reference", PEER_STEPS), ("sqlite", PEER_STEPS)):
+                for kind, steps in kinds:
                     for step in steps:
                         ctx.log(f"{_label(n)} messages, {kind}: {step} (round {r + 1}/{rounds})")
                         got[kind].setdefault(step, []).append(s.run(kind, step, appends))
                         ctx.log(_said(got[kind][step][-1]))
-            if ctx.size("long_cli"):
+            if 0 < ctx.size("long_cli") <= n:
                 for name, argv in CLI_COMMANDS:
                     ctx.log(f"{_label(n)} messages, command line: {name}")
                     got["cli"][name] = [s.run_cli(argv)]
@@ -514,7 +521,7 @@ def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessio
                 row.ok = False
             rows.append(row)
         for kind, peer in (("reference", REFERENCE), ("sqlite", SQLITE)):
-            for step in PEER_STEPS:
+            for step in PEER_STEPS if got[kind] else ():
                 mine, theirs = got["ours"][step], got[kind][step]
                 halted = [w for w, x in (("ours", mine), (peer, theirs)) if _stopped(x)]
                 rows.append(compare(GROUP, f"{label}: {names[step]}: {peer} / ours",

@@ -1,7 +1,9 @@
 """Helper processes for the crash and locking tests (run as a script, never imported by pytest).
 
-``python tests/crash_child.py zygote``: imports the package once, then for each JSON command line on stdin
-forks a writer child (so a kill loop does not pay Python's start-up per kill) and reports on stdout:
+``python tests/crash_child.py zygote WARM_DIR``: imports the package once and warms it up (a session in
+WARM_DIR written and closed: every module a writer uses is imported), then for each JSON command line on
+stdin forks a writer child (so a kill loop pays neither Python's start-up nor those imports per kill) and
+reports on stdout:
 
     PID <pid>        the writer child started (the test SIGKILLs this pid)
     OPEN <head_seq>  it opened the session
@@ -61,7 +63,16 @@ async def _writer(cmd: dict) -> None:
     await asyncio.sleep(3600)
 
 
-def zygote() -> None:
+async def _warm_up(folder: str) -> None:
+    store = await PersistentContextManager.open(storage_path=folder, session_id="warm-up", fsync="always",
+                                                checkpoint_every=1)
+    for i in range(3):
+        await store.add_message(message(i, big=i == 2))
+    await store.close()
+
+
+def zygote(warm_dir: str) -> None:
+    asyncio.run(_warm_up(warm_dir))
     for line in sys.stdin:
         cmd = json.loads(line)
         pid = os.fork()
@@ -98,7 +109,7 @@ async def _append(storage: str, session: str) -> None:
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "zygote":
-        zygote()
+        zygote(sys.argv[2])
     elif mode == "hold":
         asyncio.run(_hold(sys.argv[2], sys.argv[3]))
     elif mode == "append":

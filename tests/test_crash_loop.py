@@ -38,7 +38,7 @@ class Zygote:
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
         self.err_path = tmp / "zygote.err"
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([PYTHON, str(CHILD), "zygote"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([PYTHON, str(CHILD), "zygote", str(tmp / "warm-up")], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, env=env)
 
     def start(self, **cmd: Any) -> int:
