@@ -636,10 +636,14 @@ class Projection:
                 run = item["run"]
                 if run not in ("system", "other"):
                     raise ValueError(f"data.layout run is {run!r}, not 'system' or 'other'")
+                named = item.get("named", -1)  # (a later record removes it by this key)
+                if type(named) is not int or named != -1 and not 1 <= split_key(named)[0] <= hi:
+                    raise ValueError(f"data.layout names key {named!r}, not a message of the expired records")
                 items.append({"role": "system" if run == "system" else "user", "content": None})
-                p.keys.append(-1)
+                p.keys.append(named)
             p.tokens.append(None)
-        if {k for k in p.keys if k >= 0} != set(carried):
+        placed = [k for k, item in zip(p.keys, data["layout"]) if "key" in item and k >= 0]
+        if len(placed) != len(carried) or set(placed) != set(carried):
             raise ValueError("data.layout does not place every carried message exactly once")
         if pager is not None and position is not None:
             for key, (j, message) in carried.items():

@@ -404,7 +404,9 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
     appended to. Carried (kept in every view): the messages of the range that are the leading system prompt
     or pinned in ``now``. ``layout`` is ``boundary``'s history with each carried message by key and each run of
     other messages as one placeholder (``system`` or ``other``: what the system-prompt rule needs to fold the
-    surviving records the same way)."""
+    surviving records the same way). A message of ``boundary`` that ``now`` no longer holds (a record after
+    ``last_seq`` redacted, erased or replaced it) gets a placeholder of its own naming its key (``named``), so
+    that the record removing it removes the placeholder at the same point of a replay seeded from here."""
     from .projection import MAX_BATCH, make_key
 
     low, high = make_key(first_seq), make_key(last_seq, MAX_BATCH - 1)
@@ -413,13 +415,16 @@ def expired_data(boundary: Any, now: Any, first_seq: int, last_seq: int, boundar
     carried = [{"key": k, "message": now.messages[i]} for i, k in enumerate(keys)
                if 0 <= k <= high and (i < lead or k in now.pinned)]  # (with those an earlier expiry carried)
     wanted = {c["key"] for c in carried}
+    still = set(keys)
     layout: list[dict[str, Any]] = []
     for k, m in zip(boundary.keys, boundary.messages):
         if k in wanted:
             layout.append({"key": k})
             continue
         run = "system" if m.get("role") == "system" else "other"
-        if not layout or layout[-1].get("run") != run:
+        if k not in still:
+            layout.append({"run": run, "named": k})
+        elif not layout or layout[-1].get("run") != run or "named" in layout[-1]:
             layout.append({"run": run})
     return {"first_seq": first_seq, "last_seq": last_seq, "boundary_crc": boundary_crc, "segments": segments,
             "carried": carried, "layout": layout, "pinned": sorted(boundary.pinned & wanted),

@@ -223,3 +223,25 @@ def test_paged_histories_point_carried_messages_into_the_expired_record(before: 
     assert not any(type(v) is int and v >> 20 in expired for v in items)
     assert disk.messages.items == items  # type: ignore[attr-defined]
     assert _view(live) == _view(disk) == _view(log.live)
+
+
+def test_a_message_of_the_range_removed_before_a_prompt_change_is_removed_at_the_same_point_of_a_seeded_replay(
+        ) -> None:
+    """The expired message is redacted after the range and before a ``system_prompt_set``: in the live fold the
+    redaction makes the later system message the leading one, which the prompt then replaces. A replay seeded
+    from the record must remove the message's placeholder at the redaction too (it names its key), or the
+    prompt is inserted before the system message instead of replacing it (found by the property above)."""
+    log = Log()
+    for kind, arg in [("add", "user"), ("add", "system"), ("redact", 0), ("prompt", 1), ("add", "user")]:
+        log.op(kind, arg)
+    rec = _expire(log, 2)
+    assert {"run": "other", "named": make_key(2)} in rec["data"]["layout"]
+    by_position = {_position(i): r for i, r in enumerate(log.records)}
+    disk = Projection.seeded(rec["data"], _Pager(by_position), _position(rec["seq"] - 1))
+    live = Projection(_Pager(by_position))
+    for i, r in enumerate(log.records):
+        live.apply(r, _position(i), 100)
+        if r["seq"] > 2:
+            disk.apply(r, _position(i), 100)
+    assert _view(disk) == _view(live) == _view(log.live)
+    assert [m["content"] for m in live.messages] == ["system 3", "user 4"]
