@@ -29,8 +29,7 @@ import pytest
 from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, session_id_of,
                       text_of, unavailable, user_texts)
 
-# The host (a session fixture) is built once: with pytest-xdist (make test) these tests run in one worker.
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("amplifier_cli")]
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")

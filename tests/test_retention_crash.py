@@ -40,10 +40,6 @@ async def _build(storage: Path, size: int) -> dict[str, str]:
     return {sid: _sha(storage / sid / "events.jsonl") for sid in SESSIONS}
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("retention_crash")
-
-
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("retention-template") / "store"
