@@ -54,8 +54,10 @@ def _copy(template: tuple[Path, dict[str, str]], dest: Path) -> tuple[Path, dict
 def _child(storage: Path, env: dict[str, str], op: str, point: str = "none", nth: int = 1,
            kill_after: float | None = None) -> bool:
     """Run the child; True if it finished (DONE), False if it was killed."""
+    # (bufsize=0: the readline of START must not take a DONE written right after it from the pipe into a
+    # buffer that communicate() does not read)
     proc = subprocess.Popen([PYTHON, str(CHILD), str(storage), op, point, str(nth)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() == b"START", proc.stderr.read()
     if kill_after is not None:
