@@ -305,18 +305,16 @@ async def request_sources(store: PersistentContextManager, messages: list[dict[s
         candidates = _listed([(i, state.messages[i]) for i in indices])
     else:
         candidates = _numbered(history_messages(store))
-    def enc(m: dict[str, Any]) -> bytes:
-        return orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
-    wanted = {enc(m) for m in messages}
+    wanted = {_fingerprint(m) for m in messages}
     where: dict[bytes, list[int]] = {}
     async for i, m in candidates:
-        e = enc(m)
-        if e in wanted:
-            where.setdefault(e, []).append(i)
+        fp = _fingerprint(m)
+        if fp in wanted:
+            where.setdefault(fp, []).append(i)
     out: list[int | None] = []
     last = -1
     for m in messages:
-        found = next((i for i in where.get(enc(m), ()) if i > last), None)
+        found = next((i for i in where.get(_fingerprint(m), ()) if i > last), None)
         if found is not None:
             last = found
         out.append(found)

@@ -296,17 +296,21 @@ def host_exit_crash(proc: subprocess.CompletedProcess[str]) -> bool:
     """The CLI died of the host's crash at interpreter exit, after its command had done its work.
 
     amplifier-core 2.0.2 sometimes aborts while Python finalises ("PyGILState_Release: thread state ... must
-    be current when releasing", "Python runtime state: finalizing"), or segfaults there in a thread running
-    no Python code. It happens with an in-memory context module too (about 1 exit in 30 on a busy
+    be current when releasing", "Python runtime state: finalizing"), or aborts or segfaults there in a thread
+    running no Python code. It happens with an in-memory context module too (about 1 exit in 30 on a busy
     2-core machine), so it is the host's; the tests go on to check what was received and logged.
     """
     err = proc.stderr or ""
     if proc.returncode == -signal.SIGABRT:
-        return "Python runtime state: finalizing" in err
+        return "Python runtime state: finalizing" in err or _no_python_frame(err, "Fatal Python error: Aborted")
     if proc.returncode == -signal.SIGSEGV:
-        return "Fatal Python error: Segmentation fault" in err and "<no Python frame>" in err and \
-            "File \"" not in err.split("Fatal Python error: Segmentation fault", 1)[1]
+        return _no_python_frame(err, "Fatal Python error: Segmentation fault")
     return False
+
+
+def _no_python_frame(err: str, fatal: str) -> bool:
+    """The fault handler's report ``fatal`` shows no Python frame in any thread: native code crashed."""
+    return fatal in err and "<no Python frame>" in err and "File \"" not in err.split(fatal, 1)[1]
 
 
 SESSION_ID = re.compile(r"Session ID:\s*([0-9a-f-]{36})")

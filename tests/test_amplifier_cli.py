@@ -26,11 +26,10 @@ from typing import Any
 
 import pytest
 
-from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, session_id_of,
-                      text_of, unavailable, user_texts)
+from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, host_exit_crash,
+                      session_id_of, text_of, unavailable, user_texts)
 
-# The host (a session fixture) is built once: with pytest-xdist (make test) these tests run in one worker.
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("amplifier_cli")]
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +61,23 @@ def test_absent_host_is_a_skip_with_the_reason_or_a_failure_in_ci(tmp_path: Path
     monkeypatch.setenv("CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST", "1")
     with pytest.raises(pytest.fail.Exception, match="required .* but the reason"):
         unavailable("the reason")
+
+
+def test_the_hosts_crash_at_exit_is_told_apart_from_a_failure() -> None:
+    """A crash in native code with no Python frame (abort or segfault), or an abort while Python finalises,
+    is the host's; one with a Python frame in its report, or an ordinary exit status, is a failure."""
+    def proc(status: int, err: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(["amplifier"], status, "", err)
+
+    native = "Thread 0x00007f7378a60b80 (most recent call first):\n  <no Python frame>\n"
+    in_python = "Thread 0x00007f7378a60b80 (most recent call first):\n  File \"/x/session.py\", line 3 in close\n"
+    abort, segv = -signal.SIGABRT, -signal.SIGSEGV
+    assert host_exit_crash(proc(abort, "Fatal Python error: Fatal Python error: Aborted\n\n" + native))
+    assert host_exit_crash(proc(abort, "Fatal Python error: PyGILState_Release\nPython runtime state: finalizing\n"))
+    assert host_exit_crash(proc(segv, "Fatal Python error: Segmentation fault\n\n" + native))
+    assert not host_exit_crash(proc(abort, "Fatal Python error: Aborted\n\n" + in_python + native))
+    assert not host_exit_crash(proc(segv, "Fatal Python error: Segmentation fault\n\n" + in_python))
+    assert not host_exit_crash(proc(1, "Fatal Python error: Aborted\n\n" + native))
 
 
 def assert_requests_valid(cli: Cli, session_id: str) -> list[list[dict[str, Any]]]:

@@ -50,10 +50,6 @@ def _eager_copy(storage: Path) -> Path:
     return twin
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("bounded_memory")
-
-
 @pytest.fixture(scope="module")
 def long_session(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import asyncio

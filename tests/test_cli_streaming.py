@@ -193,10 +193,6 @@ asyncio.run(main())
 """
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("cli_streaming")
-
-
 @pytest.fixture(scope="module")
 def big_session(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A 200 MB log of 50,000 agent-mix messages with its checkpoint (as after a normal close)."""

@@ -110,6 +110,14 @@ def test_tail_across_compressed_segments_reads_only_their_last_frames(storage: P
     # Its last frame only, decompressed by each of the three readers: the walk back from the end, the check
     # of the record the read starts after, the read.
     assert reads.frames <= 3
+    # After a seq inside the last sealed segment: found by bisection over its frames, read from there on.
+    last = segs[-1]
+    after = (last["first_seq"] + last["last_seq"]) // 2
+    reads.opened.clear()
+    reads.frames = 0
+    assert _tail(capsys, storage, "--after", str(after)) == [r for r in everything if r["seq"] > after]
+    assert set(reads.opened) == {last["name"]}
+    assert reads.frames <= 2 * len(last["compressed"]["frames"])  # (not the segments before)
 
 
 def test_tail_after_a_seq_reads_from_the_segment_that_holds_it(storage: Path, capsys: pytest.CaptureFixture[str],

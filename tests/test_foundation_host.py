@@ -34,10 +34,6 @@ def _host_dir() -> Path:
     return Path(os.environ.get("CONTEXT_PERSISTENT_AMPLIFIER_HOST") or ROOT.parent / "shared" / "amplifier-host")
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("foundation_host")
-
-
 @pytest.fixture(scope="module")
 def foundation(tmp_path_factory: pytest.TempPathFactory) -> Any:
     archives = sorted(_host_dir().glob("amplifier-foundation-*.tar.gz"))

@@ -33,10 +33,6 @@ async def _write(storage: Path, session_id: str, n: int, fsync: str = "always") 
     return (storage / session_id / LOG_NAME).read_bytes().splitlines(keepends=True)
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("record_chain")
-
-
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[bytes], list[bytes], Path]:
     root = tmp_path_factory.mktemp("chain")

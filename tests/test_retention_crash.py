@@ -40,10 +40,6 @@ async def _build(storage: Path, size: int) -> dict[str, str]:
     return {sid: _sha(storage / sid / "events.jsonl") for sid in SESSIONS}
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("retention_crash")
-
-
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("retention-template") / "store"
@@ -58,8 +54,10 @@ def _copy(template: tuple[Path, dict[str, str]], dest: Path) -> tuple[Path, dict
 def _child(storage: Path, env: dict[str, str], op: str, point: str = "none", nth: int = 1,
            kill_after: float | None = None) -> bool:
     """Run the child; True if it finished (DONE), False if it was killed."""
+    # (bufsize=0: the readline of START must not take a DONE written right after it from the pipe into a
+    # buffer that communicate() does not read)
     proc = subprocess.Popen([PYTHON, str(CHILD), str(storage), op, point, str(nth)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() == b"START", proc.stderr.read()
     if kill_after is not None:

@@ -45,10 +45,6 @@ async def _messages(storage: Path) -> list[dict[str, Any]]:
         await store.close()
 
 
-# The module fixture below is built once: with pytest-xdist (make test) the file's tests run in one worker.
-pytestmark = pytest.mark.xdist_group("segment_expiry_crash")
-
-
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The session before, and after an uninterrupted expiry (its messages, files and trash entry)."""
