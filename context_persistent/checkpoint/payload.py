@@ -13,7 +13,7 @@ import orjson
 
 from .. import codec
 from ..paths import CHECKPOINT_BASE_NAME
-from ..projection import Projection, raw_items
+from ..projection import Counts, Projection, json_default
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it.
@@ -60,7 +60,7 @@ class Checkpoint:
 
 def snapshot(state: Projection) -> bytes:
     """The projection state as JSON bytes, in one ``orjson.dumps`` call (O(state))."""
-    return orjson.dumps(state.to_state(refs=True))
+    return orjson.dumps(state.to_state(refs=True), default=json_default)
 
 
 async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
@@ -76,11 +76,13 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
     for name in ("messages", "keys", "tokens"):
         items = captured[name]
         parts.append(b'"%s":[' % name.encode())
+        packed = type(items) is not list
         for start in range(0, len(items), step):
             if start:
                 parts.append(b",")
                 await asyncio.sleep(0)
-            parts.append(orjson.dumps(items[start:start + step])[1:-1])
+            piece = items[start:start + step]
+            parts.append(orjson.dumps(piece.tolist() if packed and type(piece) is not list else piece)[1:-1])
         parts.append(b"],")
     rest = {k: v for k, v in captured.items() if k not in ("messages", "keys", "tokens")}
     parts.append(orjson.dumps(rest)[1:])  # (the facts, without their opening brace)
@@ -221,26 +223,28 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> 
 
     Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one (a backend
     without byte positions) such a state cannot be used."""
-    if cp.state is None:
+    raw = cp.state
+    if raw is None:
         raise CheckpointError("the state section was not read")
+    # (checked as stored, before the lists are packed: a packed list holds ints only)
+    keys, items, tokens = raw.get("keys"), raw.get("messages"), raw.get("tokens")
+    if isinstance(keys, list) and isinstance(items, list) and isinstance(tokens, list):
+        if not all(type(k) is int for k in keys) or not all(type(m) is dict or type(m) is int and m >= 0
+                                                            for m in items):
+            raise CheckpointError("state holds keys that are not integers or messages that are neither objects "
+                                  "nor references to the log")
+        if pager is None and any(type(m) is int for m in items):
+            raise CheckpointError("state refers to messages by their position in the log, which only the file "
+                                  "log it was written beside can resolve")
+        if not all(t is None or (isinstance(t, int) and t >= 0) for t in tokens):
+            raise CheckpointError("state holds token counts that are not non-negative integers")
     try:
-        state = Projection.from_state(cp.state, pager)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        state = Projection.from_state(raw, pager)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
     if state.head_seq != cp.state_seq:
         raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.state_seq}")
-    items = raw_items(state.messages)
-    if not all(type(k) is int for k in state.keys) or not all(type(m) is dict or type(m) is int and m >= 0
-                                                              for m in items):
-        raise CheckpointError("state holds keys that are not integers or messages that are neither objects nor "
-                              "references to the log")
-    if pager is None and any(type(m) is int for m in items):
-        raise CheckpointError("state refers to messages by their position in the log, which only the file "
-                              "log it was written beside can resolve")
-    counted = any(t is not None for t in state.tokens)
-    if counted and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
-        state.tokens = [None] * len(state.tokens)  # counted by another tokenizer: count again, lazily
-    elif not all(t is None or (isinstance(t, int) and t >= 0) for t in state.tokens):
-        raise CheckpointError("state holds token counts that are not non-negative integers")
+    if state.tokens.count(None) != len(state.tokens) and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
+        state.tokens = Counts.none(len(state.tokens))  # counted by another tokenizer: count again, lazily
     return state
 
