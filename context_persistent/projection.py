@@ -43,8 +43,10 @@ def _list_of(values: Any) -> list[Any]:
 
 def same_items(a: Any, b: Any) -> bool:
     """Whether two per-message lists (lists, packed or lazy) hold equal items, in order."""
-    if type(a) is type(b) and type(a) in (array, Counts):
+    if type(a) is type(b) is array:
         return a == b  # type: ignore[no-any-return]
+    if type(a) is type(b) is Counts or type(a) is type(b) is Refs and not a.extras and not b.extras:
+        return a.a == b.a  # type: ignore[no-any-return]
     return len(a) == len(b) and all(x == y for x, y in zip(a, b))
 
 
