@@ -523,7 +523,7 @@ def _check_checkpoint(directory: Path, session_id: str
     cp = None
     if payload is not None:
         try:
-            cp = decode_checkpoint(payload)
+            cp = decode_checkpoint(payload, packed=True)
             status.update(seq=cp.seq, position=cp.position, bytes=len(payload))
             reason = mismatch(cp, session_id=session_id)
             if reason:

@@ -14,7 +14,8 @@ import pytest
 
 from context_persistent import PersistentContextManager
 from context_persistent import events as ev
-from context_persistent.checkpoint import Checkpoint, restore, snapshot
+from context_persistent.checkpoint import Checkpoint, decode, encode, restore, snapshot
+from context_persistent.checkpoint import payload as cppayload
 from context_persistent.projection import Counts, PagedList, Projection, Refs
 
 N = 20_000
@@ -89,6 +90,40 @@ def test_a_checkpoint_state_restores_packed(tmp_path: Path) -> None:
     assert held < N * PER_MESSAGE, held / N
     assert restored.messages.items == folded.messages.items and list(restored.keys) == list(folded.keys)
     assert restored.tokens == folded.tokens and restored.tokens[2] == 1002 and restored.tokens[3] is None
+
+
+def test_a_checkpoint_loads_without_a_python_int_per_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Loading a stored state (the JSON lists of every layout) parses the lists of refs, keys and token counts a
+    piece at a time straight into packed lists: the load's peak stays near the packed size, never the ~120
+    bytes a message of the lists as Python objects."""
+    monkeypatch.setattr(cppayload, "_PIECE", 4096)  # (pieces far smaller than the lists, as at a million)
+    folded = _fold(_pager(tmp_path))
+    for i in range(0, N, 2):
+        folded.tokens[i] = 1000 + i
+    data = encode(session_id="s", seq=N, position=N * 300 + 300, first_crc=None, last_crc=None, tokenizer="t",
+                  state_json=snapshot(folded))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        restored = restore(decode(data, packed=True), lambda: "t", _pager(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < N * 80, peak / N
+    assert restored.messages.items == folded.messages.items and restored.keys == folded.keys
+    assert restored.tokens == folded.tokens and restored.head_seq == folded.head_seq
+
+
+def test_a_state_not_of_refs_is_parsed_whole() -> None:
+    """Messages stored whole, a negative key (an expired record's placeholder) or a malformed list: the state
+    section is parsed as plain JSON (and a malformed one is an error, never a partial state)."""
+    whole = {"messages": [{"role": "user", "content": "x"}], "keys": [1 << 20], "tokens": [None], "pinned": []}
+    assert cppayload.parse_state(orjson.dumps(whole)) == whole
+    placeholder = {"messages": [5 << 20], "keys": [-1], "tokens": [3], "pinned": []}
+    assert cppayload.parse_state(orjson.dumps(placeholder)) == placeholder
+    with pytest.raises(cppayload.CheckpointError):
+        cppayload.parse_state(b'{"messages":[1,,2],"keys":[1,2],"tokens":[null,null],"pinned":[]}')
 
 
 def test_appends_after_a_lazy_open_are_packed(tmp_path: Path) -> None:

@@ -216,7 +216,7 @@ class Checkpointer:
                 cp, f, offset, length = opened
                 state_loader = functools.partial(self._load_rest, f, offset, length, cp, tokenizer, log)
             else:
-                cp = decode(payload)  # type: ignore[arg-type]
+                cp = decode(payload, packed=True)  # type: ignore[arg-type]
             reason = mismatch(cp, session_id=self.session_id) or await self._anchor_mismatch(cp, log)
             if reason is None:
                 if opened is None:
