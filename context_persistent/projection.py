@@ -148,6 +148,9 @@ class Counts(_Packed):
     def _dec(self, v: int) -> Any:
         return None if v < 0 else v
 
+    def append(self, value: Any) -> None:  # (once per message of a replay: no _enc call)
+        self.a.append(NOT_COUNTED if value is None else value)
+
     def extend(self, values: Iterable[Any]) -> None:
         if type(values) is Counts:
             self.a.extend(values.a)
@@ -204,6 +207,9 @@ class Refs(_Packed):
 
     def _dec(self, v: int) -> Any:
         return v if v >= 0 else self.extras[~v]
+
+    def append(self, value: Any) -> None:  # (once per message of a replay: no _enc call for a ref)
+        self.a.append(value if type(value) is int and value >= 0 else self._enc(value))
 
     def extend(self, values: Iterable[Any]) -> None:
         if type(values) is Refs and not values.extras:

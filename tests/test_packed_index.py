@@ -183,3 +183,35 @@ def test_refs_keep_messages_without_a_position_beside_the_refs() -> None:
     assert r == [placeholder, 9 << 20, 11 << 20] and r.copy() == r
     with pytest.raises(ValueError):
         Refs([-5])  # (a ref is a position: never negative)
+
+
+async def test_a_replay_caches_only_the_messages_of_the_logs_last_cache_bytes(tmp_path: Path) -> None:
+    """A full replay at open puts only the messages the cache would still hold at its end (those of about the
+    log's last ``page_cache_bytes``): the newest are served from memory, the older ones read from the log."""
+    config: dict[str, Any] = dict(fsync="never", page_cache_bytes=64 << 10)
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="s", **config) as store:
+        for i in range(400):
+            await store.add_message({"role": "user", "content": f"m{i} " + "x" * 1000})
+    (tmp_path / "s" / "checkpoint.json").unlink(missing_ok=True)
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="s", readonly=True,
+                                                   **config) as store:
+        pager = store._s.pager
+        floor = (store._s.log.position - pager.cache_bytes) << 20
+        assert pager._cache and min(pager._cache) >= floor and pager._floor == 0  # (puts keep all again)
+        items = store._s.state.messages.items
+        reads = pager.reads
+        assert pager.fetch(items[-1])["content"].startswith("m399") and pager.reads == reads  # (from the cache)
+        assert pager.fetch(items[0])["content"].startswith("m0 ") and pager.reads == reads + 1  # (from the log)
+
+
+def test_keep_from_makes_put_ignore_older_records(tmp_path: Path) -> None:
+    from context_persistent.pages import MessageReader, make_ref
+
+    reader = MessageReader(tmp_path)
+    reader.keep_from(1000)
+    reader.put(make_ref(999, 3), {"role": "user"}, 10)
+    reader.put(make_ref(1000), {"role": "user"}, 10)
+    assert list(reader._cache) == [make_ref(1000)]
+    reader.keep_from(0)
+    reader.put(make_ref(5), {"role": "user"}, 10)
+    assert make_ref(5) in reader._cache
