@@ -50,7 +50,7 @@ from .segment_store import recover
 from .segments import MANIFEST_NAME, LogReader
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .pages import MessageReader
-from .projection import Projection, Refs, same_items
+from .projection import Counts, Projection, Refs, same_items
 from .semantic import Finding, check as semantic_check
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
@@ -479,9 +479,11 @@ def _stored_state(stored: dict[str, Any], pager: MessageReader) -> Projection | 
     """A checkpoint's state as a projection, its lists packed (refs, keys and token counts: 24 bytes a message;
     the parsed lists can then be dropped before the log is walked); None if it does not load."""
     try:
-        return Projection.from_state(stored, pager)
+        state = Projection.from_state(stored, pager)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
+    state.tokens = Counts()  # (not compared: token counts are a cache inside the cache)
+    return state
 
 
 def _same_state(state: Projection, stored: Projection | dict[str, Any] | None, directory: Path) -> bool:
