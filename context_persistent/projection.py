@@ -970,13 +970,16 @@ class Projection:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], pager: Pager | None = None) -> "Projection":
-        """The projection a checkpoint's state holds. Its messages may be refs (ints): they need ``pager``."""
+        """The projection a checkpoint's state holds. Its messages may be refs (ints): they need ``pager``.
+
+        Packed lists in ``state`` (checkpoint.payload.parse_state's, :meth:`capture`'s) are taken over, not
+        copied: a long history's are never held twice. Lists are copied."""
         p = cls(pager)
         messages = state["messages"]
-        p.messages = p._paged(messages.copy() if type(messages) is Refs else list(messages))
+        p.messages = p._paged(messages if type(messages) is Refs else list(messages))
         keys, tokens = state["keys"], state["tokens"]
-        p.keys = array("q", keys)  # (a copy: what was given may be changed later)
-        p.tokens = tokens.copy() if type(tokens) is Counts else Counts(tokens)
+        p.keys = keys if type(keys) is array else new_keys(keys)
+        p.tokens = tokens if type(tokens) is Counts else Counts(tokens)
         if not (len(p.messages) == len(p.keys) == len(p.tokens)):
             raise ValueError("checkpoint state has lists of different lengths")
         p._set_facts(state)
