@@ -11,6 +11,8 @@ its peak memory is its own; steps that need an open store open it first, untimed
 
 - open: ``PersistentContextManager.open`` (durable defaults);
 - first request: ``get_messages_for_request()`` at the default budget, right after the open;
+- compaction: after that first request (untimed), ``compact()`` at half the default budget: the request view
+  compacted again over the long history;
 - appends: 1,000 ``add_message`` calls of new messages of the same mix (``fsync="always"``);
 - checkpoint: a periodic checkpoint (``checkpoint_every=1000``, started by the 1,000th append of the step,
   ``fsync="never"`` for those appends), timed from its start to its end;
@@ -43,7 +45,7 @@ from ._harness import CHILD_PRELUDE, ROOT, Ctx, Row, compare, info, median
 from .long_data import SESSION_ID, Dataset
 
 GROUP = "long session"
-STEPS = ("open", "first request", "appends", "checkpoint", "stats")
+STEPS = ("open", "first request", "compaction", "appends", "checkpoint", "stats")
 PEER_STEPS = ("open", "first request", "appends")
 RSS_TARGET_MB = 256.0
 REFERENCE = "reference module"
@@ -82,6 +84,12 @@ async def ours():
             took = pc() - t
             result["request_messages"] = len(got)
             del got
+        elif step == "compaction":
+            await store.get_messages_for_request()
+            budget = store.resolve_budget(None, None)[0] // 2
+            t = pc()
+            result["request_tokens"] = await store.compact(token_budget=budget)
+            took = pc() - t
         elif step == "appends":
             t = pc()
             for m in fresh:
@@ -159,8 +167,9 @@ print(json.dumps(result))
 
 #: Command-line commands measured on the same session (each in a fresh interpreter, output to /dev/null;
 #: ``{out}`` is a file in the working folder, ``{near_end}`` the seq 10 below the number of messages: at least
-#: the last 10 events come after it).
+#: the last 10 events come after it; ``{half}`` the seq halfway through the session).
 CLI_COMMANDS = (("verify", ["verify", "s"]), ("export to JSONL", ["export", "s", "{out}.jsonl"]),
+                ("show --at (halfway)", ["show", "s", "--at", "{half}"]),
                 ("export to JSON", ["export", "s", "{out}.json"]), ("tail", ["tail", "s"]),
                 ("tail --after SEQ", ["tail", "s", "--after", "{near_end}"]),
                 ("show --view request", ["show", "s", "--view", "request"]),
@@ -361,7 +370,8 @@ class _Session:
         out = self.work / "cli-out"
         try:
             args = ["--storage", str(self.work / "ours"),
-                    *(a.replace("{out}", str(out)).replace("{near_end}", str(max(0, self.n - 10))) for a in argv)]
+                    *(a.replace("{out}", str(out)).replace("{near_end}", str(max(0, self.n - 10)))
+                      .replace("{half}", str(max(1, self.n // 2))) for a in argv)]
             return run_capped(CLI_CHILD, args, self.cap_mb, self.timeout)
         finally:
             for p in self.work.glob("cli-out*"):
@@ -470,7 +480,8 @@ def _stopped(xs: list[dict[str, Any]]) -> bool:
 def _rows(results: dict[int, dict[str, dict[str, list[dict[str, Any]]]]], sessions: dict[int, "_Session"],
           base_n: int, appends: int, cap: int, timeout: float) -> list[Row]:
     rows: list[Row] = []
-    names = {"open": "open", "first request": "first request", "appends": f"{appends:,} appends",
+    names = {"open": "open", "first request": "first request", "compaction": "compact() at half the budget",
+             "appends": f"{appends:,} appends",
              "checkpoint": "periodic checkpoint", "stats": "stats()"}
     def stop_note(xs: list[dict[str, Any]]) -> str:
         why = {str(x["stopped"]) for x in xs if x.get("stopped")}

@@ -202,8 +202,8 @@ class TokenLedger:
             if s.state is not state or state.tokens is not tokens or state.messages is not messages:
                 return  # (the history was rebuilt meanwhile: what is left is counted when asked)
             now = messages.items if paged else messages  # type: ignore[attr-defined]
-            for i, item, n in zip(idx, items, counted):
-                if i < len(now) and now[i] is item and tokens[i] is None:
+            for i, item, n in zip(idx, items, counted):  # (a ref names one record: equal means the same message)
+                if i < len(now) and (now[i] is item or paged and now[i] == item) and tokens[i] is None:
                     tokens[i] = n
 
     async def count_large_off_loop(self) -> None:

@@ -75,6 +75,8 @@ class PageCache:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[int, tuple[Any, int]] = OrderedDict()
         self._held = 0
+        #: Refs below it are not kept by :meth:`put` (:meth:`keep_from`).
+        self._floor = 0
         self.reads = 0
         self.hits = 0
 
@@ -139,8 +141,17 @@ class PageCache:
                 want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
         return out, want
 
+    def keep_from(self, position: int) -> None:
+        """From now on :meth:`put` ignores the messages of records before ``position`` (0: keeps all again).
+
+        For a replay of the whole log: it puts every message in log order, and only those of about its last
+        ``cache_bytes`` would still be in the cache at its end; the others would be put only to be evicted."""
+        self._floor = position << REF_INDEX_BITS
+
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
+        if ref < self._floor:
+            return
         cache = self._cache
         old = cache.pop(ref, None)
         if old is not None:

@@ -11,7 +11,8 @@ stable across restarts, so pins and redactions can name a message.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from . import events as ev
@@ -28,6 +29,208 @@ def make_key(seq: int, index: int = 0) -> int:
 
 def split_key(key: int) -> tuple[int, int]:
     return key >> INDEX_BITS, key & (MAX_BATCH - 1)
+
+
+
+def new_keys(values: Iterable[int] = ()) -> "array[int]":
+    """A list of message keys, packed: 8 bytes a key (``array('q')``; keys are ints below 2**63)."""
+    return array("q", values)
+
+
+def _list_of(values: Any) -> list[Any]:
+    return values.tolist() if type(values) is array else list(values)
+
+
+def same_items(a: Any, b: Any) -> bool:
+    """Whether two per-message lists (lists, packed or lazy) hold equal items, in order."""
+    if type(a) is type(b) is array:
+        return a == b  # type: ignore[no-any-return]
+    if type(a) is type(b) is Counts or type(a) is type(b) is Refs and not a.extras and not b.extras:
+        return a.a == b.a  # type: ignore[no-any-return]
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+class _Packed:
+    """A list of per-message values held as 8-byte ints (``array('q')``) instead of Python objects (about
+    24 bytes a message for a history's refs, keys and token counts instead of about 120). Reads and writes
+    go through ``_enc``/``_dec``; every list operation the projection's users make is supported."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, values: Iterable[Any] = ()) -> None:
+        self.a = array("q")
+        self.extend(values)
+
+    def _enc(self, v: Any) -> int:
+        raise NotImplementedError
+
+    def _dec(self, v: int) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getitem__(self, i: Any) -> Any:
+        if type(i) is slice:
+            dec = self._dec
+            return [dec(v) for v in self.a[i]]
+        return self._dec(self.a[i])
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        if type(i) is slice:
+            enc = self._enc
+            self.a[i] = array("q", [enc(v) for v in value])
+        else:
+            self.a[i] = self._enc(value)
+
+    def __delitem__(self, i: Any) -> None:
+        del self.a[i]
+
+    def append(self, value: Any) -> None:
+        self.a.append(self._enc(value))
+
+    def extend(self, values: Iterable[Any]) -> None:
+        enc = self._enc
+        self.a.extend(array("q", [enc(v) for v in values]))
+
+    def __iter__(self) -> Iterator[Any]:
+        dec = self._dec
+        for v in self.a:
+            yield dec(v)
+
+    def __contains__(self, value: Any) -> bool:
+        return any(v == value for v in self)
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        n = len(self.a)
+        stop = n if stop is None else stop
+        for i in range(*slice(start, stop).indices(n)):
+            if self[i] == value:
+                return i
+        raise ValueError(f"{value!r} is not in list")
+
+    def count(self, value: Any) -> int:
+        return sum(1 for v in self if v == value)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (_Packed, LazyList, list, PagedList)):
+            return same_items(self, other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def tolist(self) -> list[Any]:
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.tolist()!r})"
+
+
+#: How a token count not made yet is held in :class:`Counts`.
+NOT_COUNTED = -1
+
+
+class Counts(_Packed):
+    """Token counts, one per message: an int, or None for a message not counted yet (held as -1)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def none(cls, n: int) -> "Counts":
+        """``n`` counts not made yet."""
+        c = cls()
+        c.a = array("q", [NOT_COUNTED]) * n
+        return c
+
+    def _enc(self, v: Any) -> int:
+        return NOT_COUNTED if v is None else v  # type: ignore[no-any-return]
+
+    def _dec(self, v: int) -> Any:
+        return None if v < 0 else v
+
+    def append(self, value: Any) -> None:  # (once per message of a replay: no _enc call)
+        self.a.append(NOT_COUNTED if value is None else value)
+
+    def extend(self, values: Iterable[Any]) -> None:
+        if type(values) is Counts:
+            self.a.extend(values.a)
+        else:
+            self.a.extend(array("q", [NOT_COUNTED if v is None else v for v in values]))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.a) if NOT_COUNTED not in self.a else super().__iter__()
+
+    def _code(self, value: Any) -> int | None:
+        """The packed value of ``value``, None if no count equals it."""
+        if value is None:
+            return NOT_COUNTED
+        return value if type(value) is int and value >= 0 else None
+
+    def __contains__(self, value: Any) -> bool:
+        code = self._code(value)
+        return code is not None and code in self.a
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        code = self._code(value)
+        if code is None:
+            raise ValueError(f"{value!r} is not in list")
+        return self.a.index(code, start, len(self.a) if stop is None else stop)
+
+    def count(self, value: Any) -> int:
+        code = self._code(value)
+        return 0 if code is None else self.a.count(code)
+
+    def copy(self) -> "Counts":
+        c = Counts()
+        c.a = array("q", self.a)
+        return c
+
+
+class Refs(_Packed):
+    """The items of a paged history: refs (ints >= 0, pages.make_ref) packed; any other item (a message whose
+    record position is not known, such as an expired record's placeholders) is kept in ``extras`` and held
+    as ``~j``, its index there."""
+
+    __slots__ = ("extras",)
+
+    def __init__(self, values: Iterable[Any] = ()) -> None:
+        self.extras: list[Any] = []
+        super().__init__(values)
+
+    def _enc(self, v: Any) -> int:
+        if type(v) is int:
+            if v < 0:
+                raise ValueError(f"a reference to the log is {v}, not a position")
+            return v
+        self.extras.append(v)
+        return ~(len(self.extras) - 1)
+
+    def _dec(self, v: int) -> Any:
+        return v if v >= 0 else self.extras[~v]
+
+    def append(self, value: Any) -> None:  # (once per message of a replay: no _enc call for a ref)
+        self.a.append(value if type(value) is int and value >= 0 else self._enc(value))
+
+    def extend(self, values: Iterable[Any]) -> None:
+        if type(values) is Refs and not values.extras:
+            self.a.extend(values.a)
+        else:
+            super().extend(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.a) if not self.extras else super().__iter__()
+
+    def copy(self) -> "Refs":
+        r = Refs()
+        r.a, r.extras = array("q", self.a), list(self.extras)
+        return r
+
+
+def json_default(value: Any) -> Any:
+    """``orjson.dumps(..., default=json_default)``: a packed list as the JSON list it stands for."""
+    if isinstance(value, (_Packed, array)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 
@@ -97,12 +300,13 @@ class LazyList:
     __slots__ = ("_bulk", "_known", "_tail", "_full", "system_indices", "_pager")
 
     def __init__(self, bulk: _Bulk, known: dict[int, Any], system_indices: list[int] | None = None,
-                 pager: Pager | None = None) -> None:
+                 pager: Pager | None = None, tail: Any = None) -> None:
         self._bulk = bulk
         #: For the messages list of a paged history: items that are ints are refs, read through it.
         self._pager = pager
         self._known = known
-        self._tail: list[Any] = []
+        #: Items appended since the open (a packed list where the loaded one is packed).
+        self._tail: Any = [] if tail is None else tail
         self._full: list[Any] | None = None
         #: For the messages list: every system/developer index (complete), so a windowed rebuild need not scan.
         self.system_indices = system_indices
@@ -114,7 +318,7 @@ class LazyList:
                 continue  # (a message the front section held, which the bulk refers to: keep the ref)
             base[i] = v
         base.extend(self._tail)
-        self._full, self._known, self._tail = base, {}, []
+        self._full, self._known, self._tail = base, {}, self._tail[:0]
         self.system_indices = None
 
     @property
@@ -215,7 +419,7 @@ class LazyList:
         return value in self._all()
 
     def __eq__(self, other: object) -> bool:
-        return self._all() == (other._all() if isinstance(other, LazyList) else other)
+        return same_items(self._all(), other._all() if isinstance(other, LazyList) else other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -245,14 +449,14 @@ class Pager(Protocol):
 class PagedList:
     """The messages of a history whose items are messages (dicts) or references to them in the log (ints,
     pages.make_ref). Reads resolve references through the pager (a small cache, then the log); the list
-    itself holds one int per message. Structural changes (append, delete, slices) work on the items as they
-    are, so nothing is read for them. ``items`` is the raw list (what a checkpoint stores).
+    itself holds 8 bytes per message (:class:`Refs`). Structural changes (append, delete, slices) work on the
+    items as they are, so nothing is read for them. ``items`` is the raw list (what a checkpoint stores).
     """
 
     __slots__ = ("items", "pager")
 
-    def __init__(self, items: list[Any], pager: Pager) -> None:
-        self.items = items
+    def __init__(self, items: Iterable[Any], pager: Pager) -> None:
+        self.items = items if type(items) is Refs else Refs(items)
         self.pager = pager
 
     def _get(self, v: Any) -> Any:
@@ -321,8 +525,9 @@ def _resolve(items: list[Any], pager: Pager) -> list[Any]:
     return [next(got) if type(v) is int else v for v in items]
 
 
-def raw_items(messages: Any) -> list[Any]:
-    """The items of a history as stored: messages, or refs where the history is paged (never reads)."""
+def raw_items(messages: Any) -> Any:
+    """The items of a history as stored: messages, or refs where the history is paged (never reads); a
+    paged history's are its :class:`Refs` (not a copy)."""
     return messages.items if type(messages) is PagedList else list(messages)
 
 
@@ -343,9 +548,10 @@ class Projection:
         #: a PostgreSQL record's seq): ``messages`` is then a :class:`PagedList`.
         self.pager = pager
         self.messages: list[dict[str, Any]] = PagedList([], pager) if pager is not None else []  # type: ignore[assignment]
-        self.keys: list[int] = []
-        #: Token count of each message under the manager's counter, ``None`` until first needed.
-        self.tokens: list[int | None] = []
+        #: The messages' keys, packed (``array('q')``).
+        self.keys: Any = new_keys()
+        #: Token count of each message under the manager's counter, ``None`` until first needed (packed).
+        self.tokens: Any = Counts()
         self.pinned: set[int] = set()
         self.head_seq = 0
         #: True once any event that changes history (add, replace, clear) has been applied.
@@ -375,7 +581,7 @@ class Projection:
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
             raise InvalidRecordError(rec.get("seq"), rec.get("type"), f"{type(e).__name__}: {e}") from None
 
-    def _paged(self, items: list[Any]) -> Any:
+    def _paged(self, items: Any) -> Any:
         return PagedList(items, self.pager) if self.pager is not None else items
 
     def _refs(self, position: int | None, msgs: list[Any], indices: Any, length: int) -> list[Any]:
@@ -393,13 +599,23 @@ class Projection:
             out.append(ref)
         return out
 
+    def _keys_with_head(self, head: list[int], n: int) -> None:
+        """Keys and token counts with the first ``n`` replaced by ``head`` (new messages, not counted)."""
+        keys = new_keys(head)
+        keys.extend(self.keys[n:])
+        tokens = Counts.none(len(head))
+        tokens.extend(self.tokens[n:])
+        self.keys, self.tokens = keys, tokens
+
     def _with_head(self, head: list[Any], n: int) -> Any:
         """The history with its first ``n`` items replaced by ``head`` (never reads a paged history's messages)."""
         messages: Any = self.messages
         if type(messages) is LazyList:
             messages = messages._all()
         if type(messages) is PagedList:
-            return PagedList([*head, *messages.items[n:]], messages.pager)
+            items = Refs(head)
+            items.extend(messages.items[n:])
+            return PagedList(items, messages.pager)
         return [*head, *messages[n:]]
 
     def _apply(self, rec: dict[str, Any], position: int | None = None, length: int = 0) -> None:
@@ -428,14 +644,14 @@ class Projection:
             if type(msgs) is not list or any(type(m) is not dict for m in msgs):
                 raise TypeError("data.messages is not a list of message objects")
             self.messages = self._paged(self._refs(position, msgs, range(len(msgs)), length))
-            self.keys = [make_key(seq, i) for i in range(len(msgs))]
-            self.tokens = [None] * len(msgs)
+            self.keys = new_keys(make_key(seq, i) for i in range(len(msgs)))
+            self.tokens = Counts.none(len(msgs))
             self.pinned = set()
             self.has_history = True
         elif kind == ev.CLEARED:
             self.messages = self._paged([])
-            self.keys = []
-            self.tokens = []
+            self.keys = new_keys()
+            self.tokens = Counts()
             self.pinned = set()
             self.has_history = True
         elif kind == ev.PINNED:
@@ -456,7 +672,7 @@ class Projection:
             # The newest messages repeated the loaded history (replay.py): out of the views, kept in the log.
             keys = data["keys"]
             n = len(keys) if type(keys) is list else 0
-            if n == 0 or n > len(self.keys) or self.keys[-n:] != keys:
+            if n == 0 or n > len(self.keys) or not self._ends_with(keys):
                 keys = self._fold_survivors(keys) if n else None
                 if keys is None:
                     raise ValueError("data.keys must name the newest messages of the history, in order")
@@ -489,9 +705,13 @@ class Projection:
         if not self.removed or any(type(k) is not int for k in keys):
             return None
         left = [k for k in keys if not self._was_removed(k)]
-        if len(left) == len(keys) or len(left) > len(self.keys) or (left and self.keys[-len(left):] != left):
+        if len(left) == len(keys) or len(left) > len(self.keys) or (left and not self._ends_with(left)):
             return None
         return left
+
+    def _ends_with(self, keys: list[Any]) -> bool:
+        """Whether the newest messages' keys are ``keys`` (``keys`` not empty)."""
+        return _list_of(self.keys[-len(keys):]) == keys
 
     def leading_system_count(self) -> int:
         """How many ``system`` messages open the history (the system prompt; a lazy list reads no others)."""
@@ -522,8 +742,7 @@ class Projection:
                 self.messages[i], self.keys[i], self.tokens[i] = m, make_key(seq, i), None
         else:
             self.messages = self._with_head(items, n)
-            self.keys = [*(make_key(seq, i) for i in range(len(new))), *self.keys[n:]]
-            self.tokens = [*([None] * len(new)), *self.tokens[n:]]
+            self._keys_with_head([make_key(seq, i) for i in range(len(new))], n)
         self.has_history = True
 
     def _apply_erased(self, seq: int, data: dict[str, Any], position: int | None = None, length: int = 0) -> None:
@@ -550,12 +769,11 @@ class Projection:
                 n = self.leading_system_count()
                 self.pinned.difference_update(self.keys[i] for i in range(n))
                 self.messages = self._with_head(self._refs(position, msgs, kept, length), n)
-                self.keys = [*(make_key(seq, i) for i in kept), *self.keys[n:]]
-                self.tokens = [*([None] * len(kept)), *self.tokens[n:]]
+                self._keys_with_head([make_key(seq, i) for i in kept], n)
             else:
                 self.messages = self._paged(self._refs(position, msgs, kept, length))
-                self.keys = [make_key(seq, i) for i in kept]
-                self.tokens = [None] * len(kept)
+                self.keys = new_keys(make_key(seq, i) for i in kept)
+                self.tokens = Counts.none(len(kept))
                 self.pinned = set()
         elif of == ev.EXPIRED:  # carried copies erased: those messages leave the views with the expired ones
             self._apply_expired(seq, data["expired"], position, length)
@@ -607,8 +825,9 @@ class Projection:
                 new[n] = data["carried"][j]["message"]
         self.messages = self._paged(new) if pager is not None else new
         if len(keep) != len(keys):
-            self.keys = [keys[i] for i in keep]
-            self.tokens = [self.tokens[i] for i in keep]
+            self.keys = new_keys(keys[i] for i in keep)
+            tokens = self.tokens
+            self.tokens = Counts(tokens[i] for i in keep)
         self.pinned = {k for k in self.pinned if stays(k)}
         self.removed.append((low, high))
         self.removed.extend((k, k) for k in sorted(erased) if not low <= k <= high)
@@ -706,9 +925,10 @@ class Projection:
         """
         p = cls(pager)
         bulk = _Bulk(n, loader, p)
-        lists = (LazyList(bulk, {i: v[0] for i, v in known.items()}, list(system_indices), pager),
-                 LazyList(bulk, {i: v[1] for i, v in known.items()}),
-                 LazyList(bulk, {i: v[2] for i, v in known.items()}))
+        lists = (LazyList(bulk, {i: v[0] for i, v in known.items()}, list(system_indices), pager,
+                          Refs() if pager is not None else None),
+                 LazyList(bulk, {i: v[1] for i, v in known.items()}, tail=new_keys()),
+                 LazyList(bulk, {i: v[2] for i, v in known.items()}, tail=Counts()))
         bulk.lists = lists
         p.messages, p.keys, p.tokens = lists  # type: ignore[assignment]
         p._set_facts(meta)
@@ -724,16 +944,22 @@ class Projection:
 
     # -- checkpoint support -------------------------------------------------------------------------
     def to_state(self, refs: bool = False) -> dict[str, Any]:
-        """The state as a checkpoint stores it. ``refs``: a paged history's messages stay refs to the log (what a
-        checkpoint writes); else they are the messages (all read: for comparisons, never on a large history)."""
+        """The state as a checkpoint stores it. ``refs``: the per-message lists as held, packed (a paged
+        history's messages as refs to the log: what a checkpoint writes; ``orjson.dumps`` them with
+        ``default=json_default``); else plain JSON lists, a paged history's messages all read (for comparisons,
+        never on a large history)."""
         self.materialise()
         messages: Any = self.messages
+        keys: Any = self.keys
+        tokens: Any = self.tokens
         if type(messages) is PagedList:
             messages = messages.items if refs else list(messages)
+        if not refs:
+            keys, tokens = _list_of(keys), _list_of(tokens)
         return {
             "messages": messages,
-            "keys": self.keys,
-            "tokens": self.tokens,
+            "keys": keys,
+            "tokens": tokens,
             "pinned": sorted(self.pinned),
             "head_seq": self.head_seq,
             "has_history": self.has_history,
@@ -742,25 +968,33 @@ class Projection:
         }
 
     def capture(self) -> dict[str, Any]:
-        """:meth:`to_state` as of now, unaffected by later changes: the lists are shallow copies.
+        """:meth:`to_state` (``refs=True``) as of now, unaffected by later changes: the lists are copies.
 
-        A copy of a list of a million messages takes milliseconds; the messages themselves are shared,
-        which is safe because a stored message is never changed in place (every event that changes the
-        history replaces list items or whole lists). A checkpoint serialises this in steps (checkpoint/payload.py).
+        A copy of the packed lists of a million messages takes milliseconds (24 MB); messages held as objects
+        are shared, which is safe because a stored message is never changed in place (every event that changes
+        the history replaces list items or whole lists). A checkpoint serialises this in steps
+        (checkpoint/payload.py).
         """
         state = self.to_state(refs=True)
         for key in ("messages", "keys", "tokens"):
-            state[key] = list(state[key])
+            value = state[key]
+            state[key] = value.copy() if type(value) in (Refs, Counts) else (
+                array("q", value) if type(value) is array else list(value))
         state["session"], state["counts"] = dict(self.session), dict(self.counts)
         return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any], pager: Pager | None = None) -> "Projection":
-        """The projection a checkpoint's state holds. Its messages may be refs (ints): they need ``pager``."""
+        """The projection a checkpoint's state holds. Its messages may be refs (ints): they need ``pager``.
+
+        Packed lists in ``state`` (checkpoint.payload.parse_state's, :meth:`capture`'s) are taken over, not
+        copied: a long history's are never held twice. Lists are copied."""
         p = cls(pager)
-        p.messages = p._paged(list(state["messages"]))
-        p.keys = list(state["keys"])
-        p.tokens = list(state["tokens"])
+        messages = state["messages"]
+        p.messages = p._paged(messages if type(messages) is Refs else list(messages))
+        keys, tokens = state["keys"], state["tokens"]
+        p.keys = keys if type(keys) is array else new_keys(keys)
+        p.tokens = tokens if type(tokens) is Counts else Counts(tokens)
         if not (len(p.messages) == len(p.keys) == len(p.tokens)):
             raise ValueError("checkpoint state has lists of different lengths")
         p._set_facts(state)

@@ -34,7 +34,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from .segment_store import recover
 from .segments import MANIFEST_NAME, LogReader
 from .paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .pages import MessageReader
-from .projection import Projection
+from .projection import Counts, Projection, Refs, same_items
 from .semantic import Finding, check as semantic_check
 
 #: The audit event repair appends to a log it rebuilt (the projection ignores it).
@@ -468,34 +468,49 @@ def side_files(directory: Path) -> list[str]:
                   if p.name.startswith((TORN_PREFIX, QUARANTINE_PREFIX)))
 
 
+_LISTS = ("messages", "keys", "tokens")
+
+
 def _normal(state: dict[str, Any]) -> Any:
-    """A projection state as plain JSON values, its per-message lists left out: token counts (a cache inside
-    the cache) and keys (ints, compared as they are, without a copy of a list as long as the history)."""
-    return orjson.loads(orjson.dumps({k: v for k, v in state.items() if k not in ("tokens", "keys")}))
+    """A projection state's facts as plain JSON values, its per-message lists left out."""
+    return orjson.loads(orjson.dumps({k: v for k, v in state.items() if k not in _LISTS}))
 
 
-def _same_state(state: Projection, stored: dict[str, Any], directory: Path) -> bool:
-    """Whether a checkpoint's state equals the fold, token counts left out; messages compared one at a time
-    (refs to the same record are equal without reading it; a ref and a message are compared by content, the
-    ref read from the log in ``directory``)."""
-    mine = state.to_state(refs=True)
-    theirs = dict(stored)
-    a, b = mine.pop("messages"), theirs.pop("messages", None)
-    if _normal(mine) != _normal(theirs) or not isinstance(b, list) or len(a) != len(b):
+def _stored_state(stored: dict[str, Any], pager: MessageReader) -> Projection | None:
+    """A checkpoint's state as a projection, its lists packed (refs, keys and token counts: 24 bytes a message;
+    the parsed lists can then be dropped before the log is walked); None if it does not load."""
+    try:
+        state = Projection.from_state(stored, pager)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    state.tokens = Counts()  # (not compared: token counts are a cache inside the cache)
+    return state
+
+
+def _same_state(state: Projection, stored: Projection | dict[str, Any] | None, directory: Path) -> bool:
+    """Whether a checkpoint's state (as stored, or :func:`_stored_state`) equals the fold, token counts left
+    out; messages compared one at a time (refs to the same record are equal without reading it, all of them at
+    once when all are; a ref and a message are compared by content, the ref read from the log in ``directory``)."""
+    if isinstance(stored, dict):
+        reader = MessageReader(directory)
+        try:
+            return _same_state(state, _stored_state(stored, reader), directory)
+        finally:
+            reader.close()
+    if stored is None:
         return False
-    if mine.get("keys") != theirs.get("keys"):
+    mine, theirs = state.to_state(refs=True), stored.to_state(refs=True)
+    a, b = mine["messages"], theirs["messages"]
+    if _normal(mine) != _normal(theirs) or len(a) != len(b) or not same_items(mine["keys"], theirs["keys"]):
         return False
-    own = MessageReader(directory) if state.pager is None else None
-    pager: Any = state.pager or own
+    if type(a) is Refs and not a.extras and not b.extras and a.a == b.a:
+        return True
+    pager: Any = state.pager or stored.pager
 
     def get(v: Any) -> Any:
         return pager.fetch(v) if type(v) is int else v
 
-    try:
-        return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
-    finally:
-        if own is not None:
-            own.close()
+    return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
 
 
 def _check_checkpoint(directory: Path, session_id: str
@@ -511,7 +526,7 @@ def _check_checkpoint(directory: Path, session_id: str
     cp = None
     if payload is not None:
         try:
-            cp = decode_checkpoint(payload)
+            cp = decode_checkpoint(payload, packed=True)
             status.update(seq=cp.seq, position=cp.position, bytes=len(payload))
             reason = mismatch(cp, session_id=session_id)
             if reason:
@@ -520,13 +535,20 @@ def _check_checkpoint(directory: Path, session_id: str
         except CheckpointError as e:
             status.update(status="ignored", ok=False, reason=str(e))
     seen: dict[str, Any] = {}
+    stored: Projection | None = None
+    if cp is not None and cp.state is not None:
+        stored = _stored_state(cp.state, MessageReader(directory))
+        cp = replace(cp, state=None)  # (the parsed lists go: the walk folds the history beside it)
 
     def on_record(rec: dict[str, Any], end: int, state: Projection | None) -> None:
+        nonlocal stored
         if cp is None:
             return
         if rec["seq"] == cp.state_seq:  # the state section is at the base of a based checkpoint (or at seq)
-            seen["same"] = (state is not None and cp.state is not None
-                            and _same_state(state, cp.state, directory))
+            seen["same"] = state is not None and _same_state(state, stored, directory)
+            if stored is not None:
+                stored.pager.close()  # type: ignore[union-attr]
+                stored = None
             if cp.base is not None:
                 seen["base"] = end == cp.base["position"] and rec.get("crc") == cp.base["last_crc"]
         if rec["seq"] == cp.seq:

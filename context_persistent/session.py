@@ -98,12 +98,13 @@ class Session:
         """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
         ``chunk`` (``PersistentContextManager.iter_messages``)."""
         from .events import copy_json
-        from .projection import PagedList, _resolve, raw_items
+        from .projection import PagedList, _resolve
 
         self.check_open()
         messages: Any = self.full().messages  # (a lazy history loads its refs, never its messages)
-        items = list(raw_items(messages))  # refs or messages: a shallow snapshot, so later changes are not seen
         pager = messages.pager if type(messages) is PagedList else None
+        # refs or messages: a snapshot (a paged history's packed refs copied), so later changes are not seen
+        items = messages.items.copy() if pager is not None else list(messages)
         for start in range(0, len(items), chunk):
             if start:
                 await asyncio.sleep(0)

@@ -60,9 +60,10 @@ PROGRAM = "context-persistent"
 
 
 # -- time travel ------------------------------------------------------------------------------------
-async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
+async def replay(log: EventLog, at_seq: int | None = None, pager: Any = None) -> Projection:
     """The projection after every record with ``seq <= at_seq`` (all records when None), less every message
-    redacted at any seq.
+    redacted at any seq. With a ``pager`` (pages.MessageReader of a file log), the history keeps refs to the
+    log instead of messages, as a replay at open does (docs/architecture.md, "Bounded memory").
 
     A redaction hides its message from every view at every seq: the past state is the fold up to ``at_seq``
     with the messages that any ``redacted`` event of the log names taken out, and with them every message
@@ -87,15 +88,22 @@ async def replay(log: EventLog, at_seq: int | None = None) -> Projection:
             redacted.update(_redacted_key(rec) for rec in batch if rec["type"] == ev.REDACTED)
     from .checkpoint.policy import seed_state
 
-    state = seed_state(log, None)  # (empty, or seeded from the expired record when the oldest segments expired)
+    state = seed_state(log, pager)  # (empty, or seeded from the expired record when the oldest segments expired)
     apply = state.apply
     prints: set[bytes] = set()  # fingerprints of the redacted messages
     async for batch in log.read_batches():
-        for rec in batch:
+        spans = getattr(log, "batch_spans", None) if pager is not None else None
+        if spans is None or len(spans) != len(batch):
+            spans = None
+        for j, rec in enumerate(batch):
             if redacted:
                 _note_redacted(rec, redacted, prints)
             if at_seq is None or rec["seq"] <= at_seq:
-                apply(rec)
+                if spans is None:
+                    apply(rec)
+                else:
+                    start, end = spans[j]
+                    apply(rec, start, end - start)
             elif not redacted:
                 return state
     if redacted:
@@ -131,8 +139,7 @@ def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) 
 
 def _hide(state: Projection, keys: set[int], prints: set[bytes]) -> None:
     """Take the messages with these keys, or identical to a redacted one, out of ``state``."""
-    messages = state.messages
-    gone = [i for i, k in enumerate(state.keys) if k in keys or _fingerprint(messages[i]) in prints]
+    gone = [i for i, (k, m) in enumerate(zip(state.keys, state.messages)) if k in keys or _fingerprint(m) in prints]
     for i in reversed(gone):
         state.pinned.discard(state.keys[i])
         del state.messages[i], state.keys[i], state.tokens[i]
@@ -157,13 +164,15 @@ async def open_at(store: PersistentContextManager, at_seq: int) -> PersistentCon
     """
     _check_at_seq(at_seq, store.head_seq)
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
+    past = None
     try:
-        state = await replay(log, at_seq)
         past = type(store)(storage_path=store.storage_path, session_id=store.session_id, log=log,
                            config=store.config)
-        past._state = state
-        past._loaded_from_file = state.has_history
+        past._state = await replay(log, at_seq, past._s.pager)  # (read through the past store's own pager)
+        past._loaded_from_file = past._state.has_history
     except BaseException:
+        if past is not None and past._s.pager is not None:
+            past._s.pager.close()
         await log.close()
         raise
     return past

@@ -24,7 +24,7 @@ from context_persistent.checkpoint import (FRONT_EXTRA_TURNS, FRONT_MAX_SPAN, Sy
                                            encode, front_of, snapshot)
 from context_persistent.grouping import is_system
 from context_persistent.paths import CHECKPOINT_NAME
-from context_persistent.projection import Projection
+from context_persistent.projection import Projection, json_default
 
 from strategies import conversations, tool_turns
 
@@ -107,8 +107,8 @@ def rich_state(n: int, *, replaced: bool = False) -> Projection:
 
 
 def plain(value: Any) -> Any:
-    """A deep copy as JSON would give it back."""
-    return orjson.loads(orjson.dumps(value))
+    """A deep copy as JSON would give it back (a packed list as the list it stands for)."""
+    return orjson.loads(orjson.dumps(value, default=json_default))
 
 
 # -- 1. dump_in_steps == snapshot --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ import orjson
 
 from .. import codec
 from ..paths import CHECKPOINT_BASE_NAME
-from ..projection import PagedList, Projection, raw_items
+from ..projection import Counts, PagedList, Projection, Refs, json_default, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it.
@@ -60,7 +61,7 @@ class Checkpoint:
 
 def snapshot(state: Projection) -> bytes:
     """The projection state as JSON bytes, in one ``orjson.dumps`` call (O(state))."""
-    return orjson.dumps(state.to_state(refs=True))
+    return orjson.dumps(state.to_state(refs=True), default=json_default)
 
 
 async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
@@ -76,11 +77,13 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
     for name in ("messages", "keys", "tokens"):
         items = captured[name]
         parts.append(b'"%s":[' % name.encode())
+        packed = type(items) is not list
         for start in range(0, len(items), step):
             if start:
                 parts.append(b",")
                 await asyncio.sleep(0)
-            parts.append(orjson.dumps(items[start:start + step])[1:-1])
+            piece = items[start:start + step]
+            parts.append(orjson.dumps(piece.tolist() if packed and type(piece) is not list else piece)[1:-1])
         parts.append(b"],")
     rest = {k: v for k, v in captured.items() if k not in ("messages", "keys", "tokens")}
     parts.append(orjson.dumps(rest)[1:])  # (the facts, without their opening brace)
@@ -177,8 +180,9 @@ def _front_size(head: dict[str, Any], nl: int) -> int:
     return nl + 1 + head["front_bytes"] + 1 + _TRAILER
 
 
-def decode(data: bytes) -> Checkpoint:
-    """Verify and parse a whole payload; CheckpointError says what is wrong (truncated, corrupt, other layout)."""
+def decode(data: bytes, packed: bool = False) -> Checkpoint:
+    """Verify and parse a whole payload; CheckpointError says what is wrong (truncated, corrupt, other layout).
+    ``packed``: the state's lists as :func:`parse_state` gives them (to restore a long history), else plain JSON."""
     nl = data.find(b"\n")
     if nl < 0:
         raise CheckpointError(f"truncated ({len(data)} bytes, no header line)")
@@ -197,12 +201,72 @@ def decode(data: bytes) -> Checkpoint:
                               f"{where.get('crc')})")
     try:
         front = orjson.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
-        state = orjson.loads(view[split : len(data) - _TRAILER - 1])
+        state = (parse_state(data, split, len(data) - _TRAILER - 1) if packed
+                 else orjson.loads(view[split : len(data) - _TRAILER - 1]))
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed payload: {e}") from None
     return _checkpoint(head, front, state)
 
 
+
+
+#: Bytes of a stored list parsed per piece by :func:`parse_state`.
+_PIECE = 1 << 20
+_DIGITS = b"0123456789,"
+
+
+def _ints(buf: bytes, start: int, end: int, nulls: bool) -> "array[int]":
+    """The items of the JSON list of non-negative integers (and ``null``, read as -1, where ``nulls``) between
+    ``start`` and ``end``, parsed a piece at a time into an ``array('q')``; ValueError for anything else."""
+    out = array("q")
+    allowed = _DIGITS + b"nul" if nulls else _DIGITS
+    while start < end:
+        stop = end
+        if end - start > _PIECE:
+            stop = buf.rfind(b",", start, start + _PIECE)
+            if stop <= start:
+                stop = end
+        piece = buf[start:stop]
+        if piece.translate(None, allowed):
+            raise ValueError("not a list of non-negative integers")
+        out.extend(array("q", map(int, (piece.replace(b"null", b"-1") if nulls else piece).split(b","))))
+        start = stop + 1
+    return out
+
+
+def parse_state(buf: bytes, start: int = 0, end: int | None = None) -> dict[str, Any]:
+    """The state section ``buf[start:end]`` (verified) parsed into a state dict: the lists of a paged history
+    (refs, keys, token counts: integers and nulls) straight into packed lists, a piece at a time, so that
+    loading a long history never holds them as Python objects (24 bytes a message instead of about 120); any
+    other state (messages stored whole, placeholders' negative keys, anything unexpected) is parsed as plain
+    JSON (CheckpointError if malformed)."""
+    end = len(buf) if end is None else end
+    heads = (b'{"messages":[', b'],"keys":[', b'],"tokens":[', b'],')
+    try:
+        if not buf.startswith(heads[0], start, end):
+            raise ValueError("another layout")
+        pos = start + len(heads[0])
+        lists = []
+        for i, follow in enumerate(heads[1:]):
+            stop = buf.index(b"]", pos, end)
+            lists.append(_ints(buf, pos, stop, nulls=i == 2))
+            if not buf.startswith(follow, stop, end):
+                raise ValueError("another layout")
+            pos = stop + len(follow)
+        facts = orjson.loads(b"{" + buf[pos:end])
+        if not isinstance(facts, dict):
+            raise ValueError("another layout")
+    except (ValueError, OverflowError):  # (orjson.JSONDecodeError too) another shape: parsed whole, as stored
+        try:
+            state = orjson.loads(memoryview(buf)[start:end])
+        except orjson.JSONDecodeError as e:
+            raise CheckpointError(f"malformed state section: {e}") from None
+        if not isinstance(state, dict):
+            raise CheckpointError("malformed state section: not an object")
+        return state  # type: ignore[no-any-return]
+    refs, tokens = Refs(), Counts()
+    refs.a, tokens.a = lists[0], lists[2]
+    return {"messages": refs, "keys": lists[1], "tokens": tokens, **facts}
 
 
 def mismatch(cp: Checkpoint, *, session_id: str) -> str | None:
@@ -222,31 +286,36 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> 
     Messages stored as refs to the log (ints, layout 4) are read through ``pager``; without one such a state
     cannot be used. A pager whose refs are the messages' keys (PostgreSQL) gets every message as a ref, stored
     inline or not."""
-    if cp.state is None:
+    raw = cp.state
+    if raw is None:
         raise CheckpointError("the state section was not read")
+    # (checked as stored, before the lists are packed: a packed list holds ints only)
+    keys, items, tokens = raw.get("keys"), raw.get("messages"), raw.get("tokens")
+    if isinstance(keys, list) and isinstance(items, list) and isinstance(tokens, list):
+        if not all(type(k) is int for k in keys) or not all(type(m) is dict or type(m) is int and m >= 0
+                                                            for m in items):
+            raise CheckpointError("state holds keys that are not integers or messages that are neither objects "
+                                  "nor references to the log")
+        if pager is None and any(type(m) is int for m in items):
+            raise CheckpointError("state refers to messages by their position in the log, which only the file "
+                                  "log it was written beside can resolve")
+        if not all(t is None or (isinstance(t, int) and t >= 0) for t in tokens):
+            raise CheckpointError("state holds token counts that are not non-negative integers")
+    elif pager is None and type(items) is Refs and len(items):  # (parse_state: every item a ref)
+        raise CheckpointError("state refers to messages by their position in the log, which only the file "
+                              "log it was written beside can resolve")
     try:
-        state = Projection.from_state(cp.state, pager)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        state = Projection.from_state(raw, pager)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
     if state.head_seq != cp.state_seq:
         raise CheckpointError(f"state is at seq {state.head_seq}, the header says {cp.state_seq}")
-    items = raw_items(state.messages)
-    if not all(type(k) is int for k in state.keys) or not all(type(m) is dict or type(m) is int and m >= 0
-                                                              for m in items):
-        raise CheckpointError("state holds keys that are not integers or messages that are neither objects nor "
-                              "references to the log")
-    if pager is None and any(type(m) is int for m in items):
-        raise CheckpointError("state refers to messages by their place in the log, which only the log it was "
-                              "written beside can resolve")
     if getattr(pager, "refs_are_keys", False):  # (PostgreSQL: a message's ref is its key, pg/pages.py)
-        if any(k < 0 or type(m) is int and m != k for m, k in zip(items, state.keys)):
+        if any(k < 0 or type(m) is int and m != k for m, k in zip(raw_items(state.messages), state.keys)):
             raise CheckpointError("state refers to messages by refs that are not their keys")
         # A state written with the messages (before refs) is read as refs too: its history holds no message.
-        state.messages = PagedList(list(state.keys), pager)  # type: ignore[assignment]
-    counted = any(t is not None for t in state.tokens)
-    if counted and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
-        state.tokens = [None] * len(state.tokens)  # counted by another tokenizer: count again, lazily
-    elif not all(t is None or (isinstance(t, int) and t >= 0) for t in state.tokens):
-        raise CheckpointError("state holds token counts that are not non-negative integers")
+        state.messages = PagedList(Refs(state.keys), pager)  # type: ignore[assignment]
+    if state.tokens.count(None) != len(state.tokens) and (cp.tokenizer is None or cp.tokenizer != tokenizer()):
+        state.tokens = Counts.none(len(state.tokens))  # counted by another tokenizer: count again, lazily
     return state
 

@@ -217,7 +217,7 @@ class Checkpointer:
                 cp, f, offset, length = opened
                 state_loader = functools.partial(self._load_rest, f, offset, length, cp, tokenizer, log)
             else:
-                cp = decode(payload)  # type: ignore[arg-type]
+                cp = decode(payload, packed=True)  # type: ignore[arg-type]
             reason = mismatch(cp, session_id=self.session_id) or await self._anchor_mismatch(cp, log)
             if reason is None:
                 if opened is None:
@@ -341,20 +341,29 @@ class Checkpointer:
     async def _replay(self, log: Any, state: Projection, after_seq: int, position: int | None) -> Projection:
         apply = state.apply
         paged = self.pager is not None and state.pager is not None
-        async for batch in log.read_batches(after_seq, position):
-            if after_seq == 0 and batch and self.first_crc is None:
-                self.first_crc = batch[0].get("crc")
-            spans = getattr(log, "batch_spans", None) if paged else None
-            sizes = getattr(log, "batch_sizes", None) if paged else None
-            if spans is not None and len(spans) == len(batch):  # (the file log: where each record is)
-                for rec, (start, end) in zip(batch, spans):
-                    apply(rec, start, end - start)
-            elif sizes is not None and len(sizes) == len(batch):  # (PostgreSQL: a record is found by its seq)
-                for rec, size in zip(batch, sizes):
-                    apply(rec, rec["seq"], size)
-            else:
-                for rec in batch:
-                    apply(rec)
+        # A replay of the log into a loaded history caches only the messages of about the log's last
+        # cache_bytes: the others would be evicted before it ends (a lazy history reads each appended message).
+        floor = paged and not state.is_lazy and type(getattr(log, "position", None)) is int
+        if floor:
+            self.pager.keep_from(max(0, log.position - self.pager.cache_bytes))
+        try:
+            async for batch in log.read_batches(after_seq, position):
+                if after_seq == 0 and batch and self.first_crc is None:
+                    self.first_crc = batch[0].get("crc")
+                spans = getattr(log, "batch_spans", None) if paged else None
+                sizes = getattr(log, "batch_sizes", None) if paged else None
+                if spans is not None and len(spans) == len(batch):  # (the file log: where each record is)
+                    for rec, (start, end) in zip(batch, spans):
+                        apply(rec, start, end - start)
+                elif sizes is not None and len(sizes) == len(batch):  # (PostgreSQL: a record is found by its seq)
+                    for rec, size in zip(batch, sizes):
+                        apply(rec, rec["seq"], size)
+                else:
+                    for rec in batch:
+                        apply(rec)
+        finally:
+            if floor:
+                self.pager.keep_from(0)
         return state
 
     # -- writing --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from ..paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
-from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head
+from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head, parse_state
 
 
 def read_front(f: Any) -> tuple[Checkpoint, int, int]:
@@ -52,13 +52,7 @@ def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
     if len(data) != length + 1 + _TRAILER:
         raise CheckpointError(f"truncated state section ({len(data)} of {length + 1 + _TRAILER} bytes)")
     _check_crc(data, "state")
-    try:
-        state = orjson.loads(memoryview(data)[:length])
-    except orjson.JSONDecodeError as e:
-        raise CheckpointError(f"malformed state section: {e}") from None
-    if not isinstance(state, dict):
-        raise CheckpointError("malformed state section: not an object")
-    return state
+    return parse_state(data, 0, length)  # (a paged history's lists packed as they are parsed)
 
 
 @runtime_checkable
