@@ -203,7 +203,7 @@ class TokenLedger:
                 return  # (the history was rebuilt meanwhile: what is left is counted when asked)
             now = messages.items if paged else messages  # type: ignore[attr-defined]
             for i, item, n in zip(idx, items, counted):  # (a ref names one record: equal means the same message)
-                if i < len(now) and (now[i] is item or paged and now[i] == item) and tokens[i] is None:
+                if i < len(now) and _same(now[i], item) and tokens[i] is None:
                     tokens[i] = n
 
     async def count_large_off_loop(self) -> None:
@@ -235,8 +235,14 @@ class TokenLedger:
                     counted = await asyncio.to_thread(counter.count_message, message)
                     messages = state.messages
                     now = messages.items if type(messages) is PagedList else messages
-                    if s.state is state and i < len(now) and now[i] is item:
+                    if s.state is state and i < len(now) and _same(now[i], item):
                         state.tokens[i] = counted  # (unless the history changed meanwhile)
         finally:
             self._large_busy = None
             busy.set_result(None)
+
+
+def _same(now: Any, item: Any) -> bool:
+    """Whether a history item is still the one read before: the same message object, or the same ref (a ref
+    names one record; refs read out of a packed list are new int objects each time)."""
+    return now is item or (type(item) is int and now == item)

@@ -39,18 +39,25 @@ def _records(storage: Path) -> list[dict[str, Any]]:
 
 
 class _Reads:
-    """What a command read: the sealed segments it opened, the zstd frames it decompressed, the records it
-    decoded."""
+    """What a command read: the sealed segments it read from (a reader opens every file of its manifest at once,
+    docs/format.md "Readers during an erasure or expiry": what counts is reading one), the zstd frames it
+    decompressed, the records it decoded."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.opened: list[str] = []
+        self.read: list[str] = []
         self.frames = 0
         self.decoded = 0
-        init, frame, decode = segments.SegmentFile.__init__, segments.decompress_frame, codec.decode
+        frame, decode = segments.decompress_frame, codec.decode
 
-        def opened(this: Any, directory: Path, seg: segments.Segment, fd: int) -> None:
-            self.opened.append(seg.name)
-            init(this, directory, seg, fd)
+        def reading(method: Any) -> Any:
+            def read(this: segments.SegmentFile, *args: Any) -> Any:
+                if this.seg.name not in self.read:
+                    self.read.append(this.seg.name)
+                return method(this, *args)
+            return read
+
+        for name in ("frame", "chunks", "line_at", "line_ending_at"):
+            monkeypatch.setattr(segments.SegmentFile, name, reading(getattr(segments.SegmentFile, name)))
 
         def decompressed(data: bytes, size: int) -> bytes:
             self.frames += 1
@@ -60,7 +67,6 @@ class _Reads:
             self.decoded += 1
             return decode(line)
 
-        monkeypatch.setattr(segments.SegmentFile, "__init__", opened)
         monkeypatch.setattr(segments, "decompress_frame", decompressed)
         monkeypatch.setattr(codec, "decode", decoded)
 
@@ -86,11 +92,11 @@ def test_tail_opens_only_the_last_segment(storage: Path, capsys: pytest.CaptureF
     reads = _Reads(monkeypatch)
     n = in_active - 1  # (the record before them, where the read starts, is in the active segment too)
     assert _tail(capsys, storage, "-n", str(n)) == everything[-n:]
-    assert reads.opened == [] and reads.decoded <= 2 * n + 4  # the active segment's last lines only
+    assert reads.read == [] and reads.decoded <= 2 * n + 4  # the active segment's last lines only
     # The last segment holds fewer than N: the rest come from the end of the sealed segment before it.
     n = in_active + 4
     assert _tail(capsys, storage, "-n", str(n)) == everything[-n:]
-    assert set(reads.opened) == {segs[-1]["name"]} and reads.decoded <= 2 * n + 4
+    assert set(reads.read) == {segs[-1]["name"]} and reads.decoded <= 2 * n + 4
     # More than the log holds: every record, read from the start.
     assert _tail(capsys, storage, "-n", str(len(everything) + 5)) == everything
     assert _tail(capsys, storage, "-n", "0") == []
@@ -106,17 +112,17 @@ def test_tail_across_compressed_segments_reads_only_their_last_frames(storage: P
     in_active = everything[-1]["seq"] - segs[-1]["last_seq"]
     n = in_active + 20
     assert _tail(capsys, storage, "-n", str(n)) == everything[-n:]
-    assert set(reads.opened) == {segs[-1]["name"]}
+    assert set(reads.read) == {segs[-1]["name"]}
     # Its last frame only, decompressed by each of the three readers: the walk back from the end, the check
     # of the record the read starts after, the read.
     assert reads.frames <= 3
     # After a seq inside the last sealed segment: found by bisection over its frames, read from there on.
     last = segs[-1]
     after = (last["first_seq"] + last["last_seq"]) // 2
-    reads.opened.clear()
+    reads.read.clear()
     reads.frames = 0
     assert _tail(capsys, storage, "--after", str(after)) == [r for r in everything if r["seq"] > after]
-    assert set(reads.opened) == {last["name"]}
+    assert set(reads.read) == {last["name"]}
     assert reads.frames <= 2 * len(last["compressed"]["frames"])  # (not the segments before)
 
 
@@ -129,12 +135,12 @@ def test_tail_after_a_seq_reads_from_the_segment_that_holds_it(storage: Path, ca
     after = (middle["first_seq"] + middle["last_seq"]) // 2
     reads = _Reads(monkeypatch)
     assert _tail(capsys, storage, "--after", str(after)) == [r for r in everything if r["seq"] > after]
-    assert reads.opened[0] == middle["name"] and not {s["name"] for s in segs[:len(segs) // 2]} & set(reads.opened)
+    assert reads.read[0] == middle["name"] and not {s["name"] for s in segs[:len(segs) // 2]} & set(reads.read)
     # A seq past the head: the active segment is read from its start (after the last sealed record, checked),
     # and nothing is printed.
-    reads.opened.clear()
+    reads.read.clear()
     assert _tail(capsys, storage, "--after", str(everything[-1]["seq"] + 10)) == []
-    assert set(reads.opened) == {segs[-1]["name"]}
+    assert set(reads.read) == {segs[-1]["name"]}
     assert _tail(capsys, storage, "--after", "0") == everything
 
 
@@ -178,7 +184,7 @@ def test_follow_starts_at_its_seq_without_reading_the_segments_before(storage: P
             return [rec async for rec in records]
 
     assert asyncio.run(follow()) == [r for r in everything if r["seq"] > after]
-    assert set(reads.opened) <= {second_last["name"], segs[-1]["name"]}
+    assert set(reads.read) <= {second_last["name"], segs[-1]["name"]}
     assert reads.decoded <= 2 * len(everything[after - 1:]) + 10
 
 

@@ -297,13 +297,13 @@ def restore(cp: Checkpoint, tokenizer: Callable[[], str], pager: Any = None) -> 
             raise CheckpointError("state holds keys that are not integers or messages that are neither objects "
                                   "nor references to the log")
         if pager is None and any(type(m) is int for m in items):
-            raise CheckpointError("state refers to messages by their position in the log, which only the file "
-                                  "log it was written beside can resolve")
+            raise CheckpointError("state refers to messages by their place in the log, which only the log it "
+                                  "was written beside can resolve")
         if not all(t is None or (isinstance(t, int) and t >= 0) for t in tokens):
             raise CheckpointError("state holds token counts that are not non-negative integers")
     elif pager is None and type(items) is Refs and len(items):  # (parse_state: every item a ref)
-        raise CheckpointError("state refers to messages by their position in the log, which only the file "
-                              "log it was written beside can resolve")
+        raise CheckpointError("state refers to messages by their place in the log, which only the log it "
+                              "was written beside can resolve")
     try:
         state = Projection.from_state(raw, pager)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
