@@ -465,6 +465,26 @@ _BISECT_BYTES = 1 << 20
 _ATTEMPTS = 20
 
 
+#: File descriptors left free for the rest of the process when a reader opens a long log's segments.
+_FD_SPARE = 256
+
+
+def _room_for_files(n: int) -> None:
+    """Make room for ``n`` more open files: a reader holds one per sealed segment (a session of 1,000 segments of
+    64 MiB would pass the usual soft limit of 1,024), so the soft limit is raised toward the hard one when
+    needed; where it cannot be, opening fails with the system's error (EMFILE), which names the cause."""
+    if n < 64:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n + _FD_SPARE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        top = want * 2 if hard == resource.RLIM_INFINITY else min(hard, want * 2)
+        if top > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+
+
 def _open_ro(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
 
@@ -551,6 +571,7 @@ class LogReader:
         # Every file of this manifest is opened now, so that what is read later is this manifest's log even if
         # an erasure replaces files or an expiry moves them meanwhile. Between an erasure's commit and its
         # renames (pending ``replace`` steps), the committed contents are in the temp files.
+        _room_for_files(len(self.manifest.segments))
         renaming = {p["name"]: p["tmp"] for p in self.manifest.pending if p["op"] == "replace"}
         if LOG_NAME in renaming and self.active_fd >= 0:
             fd = _open_first(self.directory, (renaming[LOG_NAME], LOG_NAME))

@@ -592,3 +592,32 @@ def test_checked_seq_verifies_the_checksum_without_parsing() -> None:
         codec.checked_seq(bad)
     with pytest.raises(codec.RecordError, match="no checksum field"):
         codec.checked_seq(line[:40])
+
+
+async def test_a_reader_of_more_segments_than_the_soft_open_file_limit_raises_it(storage: Path) -> None:
+    """A reader holds one descriptor per sealed segment; with more segments than the soft limit allows it
+    raises the limit toward the hard one instead of failing with EMFILE (run in a child: the limit is the
+    process's)."""
+    import sys
+
+    store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="never",
+                                                segment_bytes=4096)
+    try:
+        for i in range(300):
+            await store.add_message({"role": "user", "content": f"n {i} " + "x" * 1200})
+    finally:
+        await store.close()
+    child = (
+        "import resource, sys\n"
+        "from context_persistent.segments import LogReader\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (50, hard))\n"
+        "with LogReader(sys.argv[1]) as r:\n"
+        "    n = len(r.segments)\n"
+        "    lines = sum(1 for _ in r.lines(0))\n"
+        "print(n, lines, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    out = subprocess.run([sys.executable, "-c", child, str(storage / "s")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    segments, lines, soft = map(int, out.stdout.split())
+    assert segments > 50 and lines > 300 and soft > segments
