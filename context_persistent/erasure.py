@@ -578,21 +578,25 @@ def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index
 # -- PostgreSQL -----------------------------------------------------------------------------------------
 async def erase_postgres(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     """Erase from a PostgreSQL session: every row holding a copy is updated and the checkpoint row deleted, in
-    one transaction. Returns the receipt."""
+    one transaction. Returns the receipt. The rows are read a batch at a time (the record at ``seq``, then one
+    pass looking for copies): only the tombstones are held, never the history."""
     log = store._log
-    records = []
-    async for batch in log.read_batches(0):
-        records.extend(batch)
-    message = find_target(records, seq, index)
+    message = None
+    async for batch in log.read_batches(max(0, seq - 1)):
+        message = find_target(batch, seq, index)  # (the first batch starts at seq: ValueError if it is not there)
+        break
+    if message is None:
+        raise ValueError(f"seq {seq} is not in this session's log")
     needle = codec.dumps(message)
     when = codec.now_iso()
     updates: dict[int, bytes] = {}
     listed = []
-    for rec in records:
-        hits = _copies(rec, needle)
-        if hits:
-            updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when))
-            listed.append({"seq": rec["seq"], "type": rec["type"], "indices": hits, "row": rec["seq"]})
+    async for batch in log.read_batches(0):
+        for rec in batch:
+            hits = _copies(rec, needle)
+            if hits:
+                updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when))
+                listed.append({"seq": rec["seq"], "type": rec["type"], "indices": hits, "row": rec["seq"]})
     had_cp = await log.replace_records(updates)
     receipt = _receipt(store, message, needle, seq, index, reason, when)
     receipt["records"] = listed
