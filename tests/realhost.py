@@ -96,7 +96,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None =
 
 def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ...] = (),
                wheels: Path | None = None) -> Host:
-    """Install the real CLI and this package into ``base/venv`` (about 15-30 s with a warm index).
+    """Install the real CLI and this package into ``base/venv`` (about 15 s on 2 cores).
 
     ``install_package=False`` leaves this package out (a mount plan's ``source:`` must then install it);
     ``extra`` names more requirements from the index (e.g. ``uv``, which the CLI's module activator runs).

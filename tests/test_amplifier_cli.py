@@ -7,7 +7,7 @@ processes and checks what the provider received on every request (exactly one sy
 user turn once; tool calls and results in pairs) and what our log holds (read with the package's API,
 read-only).
 
-Installing the CLI takes about 20-25 s and the file about a minute in all (2 cores), so every test that needs the host is
+Installing the CLI takes about 15 s and the file about a minute in all (2 cores), so every test that needs the host is
 marked slow (``make test-fast`` leaves them out; CI runs them).
 """
 
