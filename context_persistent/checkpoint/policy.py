@@ -4,6 +4,7 @@ its checkpoint, write a new one every ``checkpoint_every`` events and on close."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import gc
@@ -298,7 +299,10 @@ class Checkpointer:
         """The log folded up to ``cp``'s record (records verified as they are read)."""
         state = self.fresh(log)
         if not hasattr(log, "_records"):  # (PostgreSQL: its records read and verified by a reader of its own)
-            self.pager.run(self._replay_copy(log, state, cp.seq), "replaying the log")
+            # (its own event loop on a thread of its own: the caller's loop is waiting here, and the pager's
+            # thread must stay free to serve reads the fold makes)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, self._replay_copy(log, state, cp.seq)).result()
             if state.head_seq != cp.seq:
                 raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
             return state
@@ -314,7 +318,7 @@ class Checkpointer:
 
     async def _replay_copy(self, log: Any, state: Projection, upto: int) -> None:
         """Fold ``log``'s records up to seq ``upto`` into ``state``, read through a readonly copy of ``log``
-        opened here (on the pager's thread: the caller's event loop is waiting for this)."""
+        opened here."""
         reader = await type(log).open(log.dsn, log.session_id, schema=log.schema, readonly=True, create=False,
                                       timeout=log.timeout)
         try:

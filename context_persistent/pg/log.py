@@ -506,12 +506,12 @@ class PostgresCheckpointStore:
         of it: ``(checkpoint, state section, its offset, its length)`` (checkpoint.store.FileCheckpointStore's
         ``open_front``), or None if there is none. The state section is read later through ``reader``
         (pg/pages.PostgresMessageReader, whose own connection serves reads made from a list's ``__getitem__``).
-        CheckpointError if the payload is not a checkpoint's; errors of the server are raised."""
-        sql = "SELECT length(payload), substring(payload from $2 for $3) FROM {s}.checkpoints WHERE session_id = $1"
-        row = await self._run("fetchrow", sql, 1, _FIRST_READ)
-        if row is None:
+        CheckpointError if the payload is not a checkpoint's; an error of the server is logged (None, as
+        :meth:`load`)."""
+        got = await self._part(1, _FIRST_READ)
+        if got is None:
             return None
-        size, first = row[0], bytes(row[1])
+        size, first = got
         nl = first.find(b"\n")
         if nl < 0:
             raise CheckpointError(f"truncated or malformed ({size} bytes, no header line in the first "
@@ -521,8 +521,10 @@ class PostgresCheckpointStore:
         rest = first[nl + 1:nl + 2 + head["front_bytes"] + _TRAILER]
         want = head["front_bytes"] + 1 + _TRAILER - len(rest)
         if want > 0 and len(first) < size:  # (a large front section: the rest of it in a second read)
-            more = await self._run("fetchrow", sql, len(first) + 1, want)
-            rest += bytes(more[1]) if more is not None else b""
+            more = await self._part(len(first) + 1, want)
+            if more is None:
+                return None
+            rest += more[1]
         cp, offset, length = check_front(line, head, rest, size)
         if cp.state_in is not None:
             raise CheckpointError("its state section is in another file, which only a file checkpoint can have")
@@ -533,6 +535,17 @@ class PostgresCheckpointStore:
         async with log._io:
             conn = await log._live_conn()
             return await getattr(conn, method)(log._q(sql), log.session_id, *args, timeout=log.timeout)
+
+    async def _part(self, start: int, count: int) -> tuple[int, bytes] | None:
+        """``(the payload's length, its count bytes from byte start, 1-based)``, or None if there is none or it
+        cannot be read (logged, as :meth:`load`: a cache; the replay that follows reports a real outage)."""
+        sql = "SELECT length(payload), substring(payload from $2 for $3) FROM {s}.checkpoints WHERE session_id = $1"
+        try:
+            row = await self._run("fetchrow", sql, start, count)
+        except Exception as e:
+            logger.info("%s: could not read the checkpoint (%s); replaying the whole log", self._log.path, e)
+            return None
+        return None if row is None else (row[0], bytes(row[1]))
 
     async def load(self) -> bytes | None:
         try:
