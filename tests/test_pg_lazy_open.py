@@ -29,7 +29,7 @@ async def _open(storage: Path, sid: str, cfg: dict[str, Any], **kw: Any) -> Pers
 
 def _history() -> list[dict[str, Any]]:
     return [{"role": "system", "content": "You are helpful."}, *tool_turns(700, size=100),
-            {"role": "system", "content": "Be brief."}, *tool_turns(20, size=100)]
+            {"role": "system", "content": "Be brief."}, *tool_turns(20, size=120)]
 
 
 async def _write(storage: Path, sid: str, cfg: dict[str, Any], added: list[dict[str, Any]]) -> None:
@@ -143,3 +143,26 @@ async def test_a_state_section_that_cannot_be_used_is_replaced_by_the_log(
         assert await store.get_messages_for_request(token_budget=2000) == view
         await store.add_message({"role": "user", "content": "after"})
         assert (await store.get_messages())[-1]["content"] == "after"
+
+
+async def test_erasing_a_message_of_the_front_section_after_a_lazy_open(storage: Path, sid: str,
+                                                                       pg_config: dict[str, Any]) -> None:
+    """The front section holds message contents: erasing one of them removes it from the history, the view and
+    the stored checkpoint, and a later open does not bring it back."""
+    added = _history()
+    await _write(storage, sid, pg_config, added)
+    target = len(added) - 4  # (a user turn of the newest ones: in the front section)
+    async with await _open(storage, sid, pg_config) as store:
+        assert store._state.is_lazy
+        await store.erase(target, reason="asked")
+        after = await store.get_messages()
+        assert added[target] not in after
+        assert added[target] not in await store.get_messages_for_request(token_budget=2000)
+    secret = added[target]["content"].encode()
+    rows = await execute(pg_config["dsn"], f"SELECT payload FROM {pg_config['pg_schema']}.checkpoints "
+                         "WHERE session_id = $1", sid)
+    assert all(secret not in bytes(r["payload"]) for r in rows)
+    async with await _open(storage, sid, pg_config) as store:
+        messages = await store.get_messages()
+        assert messages == after
+        assert added[target] not in await store.get_messages_for_request(token_budget=2000)
