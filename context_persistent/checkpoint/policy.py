@@ -4,6 +4,7 @@ its checkpoint, write a new one every ``checkpoint_every`` events and on close."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import gc
@@ -184,9 +185,9 @@ class Checkpointer:
     async def _usable(self, log: Any, tokenizer: Callable[[], str]) -> tuple[Checkpoint | None, Projection | None]:
         """The stored checkpoint and its projection if it fits this session and log, else (None, None).
 
-        A file checkpoint beside a file log is opened lazily: only its front section is read now (the
-        projection holds the rest as :class:`LazyList`); other stores, and payloads without a front section,
-        are read whole.
+        A file checkpoint beside a file log, and a PostgreSQL checkpoint of a paged history, are opened lazily:
+        only its front section is read now (the projection holds the rest as :class:`LazyList`); other stores,
+        and payloads without a front section, are read whole.
         """
         if self.store is None:
             return None, None
@@ -200,6 +201,12 @@ class Checkpointer:
                 if opened is not None and opened[0].front is None:
                     opened[1].close()  # written without a front section: read it whole
                     opened = None
+                    payload = await self.store.load()
+            elif getattr(self.store, "reads_front", False) and getattr(self.pager, "refs_are_keys", False):
+                opened = await self.store.open_front(self.pager)  # type: ignore[attr-defined]
+                payload = None
+                if opened is not None and opened[0].front is None:
+                    opened = None  # (written without a front section: read it whole)
                     payload = await self.store.load()
             else:
                 payload = await self.store.load()
@@ -251,7 +258,8 @@ class Checkpointer:
                    log: Any) -> tuple[list[Any], list[Any], list[Any]]:
         try:
             try:
-                state = restore(dataclasses.replace(cp, state=read_state(f, offset, length)), tokenizer, self.pager)
+                section = f.read_state(offset, length) if hasattr(f, "read_state") else read_state(f, offset, length)
+                state = restore(dataclasses.replace(cp, state=section), tokenizer, self.pager)
             finally:
                 f.close()
             if cp.base is not None:
@@ -289,9 +297,15 @@ class Checkpointer:
 
     def _replay_sync(self, log: Any, cp: Checkpoint) -> Projection:
         """The log folded up to ``cp``'s record (records verified as they are read)."""
-        from ..log import scan
-
         state = self.fresh(log)
+        if not hasattr(log, "_records"):  # (PostgreSQL: its records read and verified by a reader of its own)
+            # (its own event loop on a thread of its own: the caller's loop is waiting here, and the pager's
+            # thread must stay free to serve reads the fold makes)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, self._replay_copy(log, state, cp.seq)).result()
+            if state.head_seq != cp.seq:
+                raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
+            return state
         start = log.manifest.start if getattr(log, "manifest", None) is not None else 0
         for rec, end in log._records(start):  # (global positions, across sealed segments)
             if rec["seq"] > cp.seq or end > cp.position:
@@ -301,6 +315,20 @@ class Checkpointer:
         if state.head_seq != cp.seq:
             raise CheckpointError(f"the log replayed to seq {state.head_seq}, the checkpoint is at seq {cp.seq}")
         return state
+
+    async def _replay_copy(self, log: Any, state: Projection, upto: int) -> None:
+        """Fold ``log``'s records up to seq ``upto`` into ``state``, read through a readonly copy of ``log``
+        opened here."""
+        reader = await type(log).open(log.dsn, log.session_id, schema=log.schema, readonly=True, create=False,
+                                      timeout=log.timeout)
+        try:
+            async for batch in reader.read_batches(0, None):
+                for rec, size in zip(batch, reader.batch_sizes):
+                    if rec["seq"] > upto:
+                        return
+                    state.apply(rec, rec["seq"], size)
+        finally:
+            await reader.close()
 
     def fresh(self, log: Any) -> Projection:
         """The state a replay from the log's first record starts from: empty, or, when the log's oldest segments
@@ -472,7 +500,8 @@ class Checkpointer:
         state.materialise()
         counted = _counted(state)
         front_json = b"null"
-        if self.front_hints is not None and isinstance(self.store, FileCheckpointStore):  # (read lazily only there)
+        if self.front_hints is not None and (isinstance(self.store, FileCheckpointStore)
+                                             or getattr(self.store, "reads_front", False)):  # (read lazily only there)
             front_json = self._front(state, counted=counted)[0]
         return _Prepared(state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(),
                          front_json, counted)

@@ -28,13 +28,18 @@ def read_front(f: Any) -> tuple[Checkpoint, int, int]:
         raise CheckpointError(f"truncated ({len(line)} bytes, no header line)")
     head = _head(line[:-1])
     rest = f.read(head["front_bytes"] + 1 + _TRAILER)
+    return check_front(line, head, rest, os.fstat(f.fileno()).st_size)
+
+
+def check_front(line: bytes, head: dict[str, Any], rest: bytes, size: int) -> tuple[Checkpoint, int, int]:
+    """:func:`read_front` of a payload of ``size`` bytes whose header ``line`` (parsed: ``head``) and the
+    ``rest`` after it (the front section and its CRC line) were read by the caller (any store)."""
     _check_crc(line + rest, "header/front")
     try:
         front = orjson.loads(memoryview(rest)[: head["front_bytes"]])
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed front section: {e}") from None
     offset, length = len(line) + len(rest), head["state_bytes"]
-    size = os.fstat(f.fileno()).st_size
     cp = _checkpoint(head, front, None)
     if cp.state_in is not None:  # the state section is in checkpoint.base: this file ends with the front
         if size != offset:
@@ -48,7 +53,11 @@ def read_front(f: Any) -> tuple[Checkpoint, int, int]:
 
 def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
     """Read, verify and parse the state section (``offset``/``length`` from :func:`read_front`)."""
-    data = os.pread(f.fileno(), length + 1 + _TRAILER, offset)
+    return check_state(os.pread(f.fileno(), length + 1 + _TRAILER, offset), length)
+
+
+def check_state(data: bytes, length: int) -> dict[str, Any]:
+    """Verify and parse a state section of ``length`` bytes read with its CRC line (``data``, any store)."""
     if len(data) != length + 1 + _TRAILER:
         raise CheckpointError(f"truncated state section ({len(data)} of {length + 1 + _TRAILER} bytes)")
     _check_crc(data, "state")

@@ -32,6 +32,8 @@ from ..errors import (
     SessionTrashedError,
     StoreClosedError,
 )
+from ..checkpoint.payload import _TRAILER, Checkpoint, CheckpointError, _head
+from ..checkpoint.store import check_front, check_state
 from ..paths import validate_session_id
 from .connection import (_lost_errors, channel_of, close_quietly, connect, lock_key, reconnect, require_asyncpg,
                          translated)
@@ -493,14 +495,57 @@ class PostgresCheckpointStore:
     logged and treated as "no checkpoint" (the full replay that follows reports a real outage).
     """
 
+    #: Its payloads' front sections are read alone at open, the rest when needed (checkpoint.policy).
+    reads_front = True
+
     def __init__(self, log: PostgresEventLog) -> None:
         self._log = log
+
+    async def open_front(self, reader: Any) -> "tuple[Checkpoint, PostgresStateSection, int, int] | None":
+        """Read and verify only the header and front section of the stored payload, without fetching the rest
+        of it: ``(checkpoint, state section, its offset, its length)`` (checkpoint.store.FileCheckpointStore's
+        ``open_front``), or None if there is none. The state section is read later through ``reader``
+        (pg/pages.PostgresMessageReader, whose own connection serves reads made from a list's ``__getitem__``).
+        CheckpointError if the payload is not a checkpoint's; an error of the server is logged (None, as
+        :meth:`load`)."""
+        got = await self._part(1, _FIRST_READ)
+        if got is None:
+            return None
+        size, first = got
+        nl = first.find(b"\n")
+        if nl < 0:
+            raise CheckpointError(f"truncated or malformed ({size} bytes, no header line in the first "
+                                  f"{len(first)} bytes)")
+        line = first[:nl + 1]
+        head = _head(line[:-1])
+        rest = first[nl + 1:nl + 2 + head["front_bytes"] + _TRAILER]
+        want = head["front_bytes"] + 1 + _TRAILER - len(rest)
+        if want > 0 and len(first) < size:  # (a large front section: the rest of it in a second read)
+            more = await self._part(len(first) + 1, want)
+            if more is None:
+                return None
+            rest += more[1]
+        cp, offset, length = check_front(line, head, rest, size)
+        if cp.state_in is not None:
+            raise CheckpointError("its state section is in another file, which only a file checkpoint can have")
+        return cp, PostgresStateSection(self._log, reader, line + rest), offset, length
 
     async def _run(self, method: str, sql: str, *args: Any) -> Any:
         log = self._log
         async with log._io:
             conn = await log._live_conn()
             return await getattr(conn, method)(log._q(sql), log.session_id, *args, timeout=log.timeout)
+
+    async def _part(self, start: int, count: int) -> tuple[int, bytes] | None:
+        """``(the payload's length, its count bytes from byte start, 1-based)``, or None if there is none or it
+        cannot be read (logged, as :meth:`load`: a cache; the replay that follows reports a real outage)."""
+        sql = "SELECT length(payload), substring(payload from $2 for $3) FROM {s}.checkpoints WHERE session_id = $1"
+        try:
+            row = await self._run("fetchrow", sql, start, count)
+        except Exception as e:
+            logger.info("%s: could not read the checkpoint (%s); replaying the whole log", self._log.path, e)
+            return None
+        return None if row is None else (row[0], bytes(row[1]))
 
     async def load(self) -> bytes | None:
         try:
@@ -524,3 +569,32 @@ class PostgresCheckpointStore:
             await self._run("execute", "DELETE FROM {s}.checkpoints WHERE session_id = $1")
         except Exception as e:
             logger.info("%s: could not remove an unusable checkpoint (%s)", self._log.path, e)
+
+
+#: The bytes of a payload read first at open: its header line (a few hundred bytes) and the start of its front
+#: section (the rest of which is read next: the state section is never read at open).
+_FIRST_READ = 1 << 16
+
+
+class PostgresStateSection:
+    """The state section of a checkpoint opened by :meth:`PostgresCheckpointStore.open_front`, read when the
+    history needs it (``read_state``, synchronous, on the reader's own connection). Only from the same payload:
+    if the row was replaced since the open (its header and front differ), CheckpointError."""
+
+    def __init__(self, log: PostgresEventLog, reader: Any, prefix: bytes) -> None:
+        self.path = log.path
+        self._reader = reader
+        self._prefix = prefix
+        self._sql = (f"SELECT substring(payload from 1 for $2) = $3, substring(payload from $4 for $5) "
+                     f"FROM {log.schema}.checkpoints WHERE session_id = $1")
+
+    def read_state(self, offset: int, length: int) -> dict[str, Any]:
+        """Read, verify and parse the state section (checkpoint.store.read_state)."""
+        row = self._reader.query("fetchrow", self._sql, len(self._prefix), self._prefix, offset + 1,
+                                 length + 1 + _TRAILER, what="reading the checkpoint's state section")
+        if row is None or not row[0]:
+            raise CheckpointError(f"{self.path}: the checkpoint was replaced or removed since it was opened")
+        return check_state(bytes(row[1]), length)
+
+    def close(self) -> None:
+        """Nothing is held (the reader owns the connection)."""

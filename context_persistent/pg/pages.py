@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import DatabaseError, LogCorruptedError, RecordCorruptedError, StoreClosedError
 from ..pages import CACHE_BYTES, REF_INDEX_BITS, PageCache
@@ -26,6 +27,8 @@ from .connection import _lost_errors, close_quietly, reconnect, require_asyncpg
 
 if TYPE_CHECKING:
     from .log import PostgresEventLog
+
+T = TypeVar("T")
 
 #: The most refs one query asks for (``fetch_many`` splits longer lists).
 QUERY_ROWS = 1024
@@ -92,8 +95,25 @@ class PostgresMessageReader(PageCache):
     def _rows(self, seqs: list[int]) -> dict[int, bytes]:
         """The records stored at ``seqs`` (RecordCorruptedError if one is missing), read on the reader's own
         connection and thread; DatabaseError if the server cannot be reached."""
+        found = self.query("fetch", self._sql, seqs, what="reading messages of the history")
+        rows = {r["seq"]: bytes(r["record"]) for r in found}
+        for seq in seqs:
+            if seq not in rows:
+                raise self._broken(seq, "no record with this seq is stored, but the history refers to a message "
+                                   "of it (was the session deleted or moved to the trash while it was open?)")
+        return rows
+
+    def query(self, method: str, sql: str, *args: Any, what: str) -> Any:
+        """``conn.<method>(sql, session_id, *args)`` on the reader's own connection, from the caller's thread
+        (``what`` names the read in errors: DatabaseError if the server cannot be reached)."""
+        return self.run(self._query(method, sql, args, what), what)
+
+    def run(self, work: Coroutine[Any, Any, T], what: str) -> T:
+        """Run ``work`` on the reader's own event loop and thread and wait for it (StoreClosedError once the
+        reader is closed)."""
         with self._lock:
             if self._closed:
+                work.close()
                 raise StoreClosedError(f"session {self.session_id!r}: the store is closed; its history cannot be "
                                        "read any more")
             if self._loop is None:
@@ -102,21 +122,15 @@ class PostgresMessageReader(PageCache):
                                           name=f"context-persistent reader {self.session_id}")
                 thread.start()
                 self._loop, self._thread = loop, thread
-            future = asyncio.run_coroutine_threadsafe(self._query(seqs), self._loop)
+            future = asyncio.run_coroutine_threadsafe(work, self._loop)
             try:
-                # (the query has its own timeout; this one bounds a wait that should never happen)
-                rows = future.result(timeout=2 * self.timeout + self.window + 30)
+                # (a query has its own timeout; this one bounds a wait that should never happen)
+                return future.result(timeout=2 * self.timeout + self.window + 30)
             except concurrent.futures.TimeoutError:
                 future.cancel()
-                raise DatabaseError(f"{self.path}: reading messages of the history did not finish", stored=None
-                                    ) from None
-        for seq in seqs:
-            if seq not in rows:
-                raise self._broken(seq, "no record with this seq is stored, but the history refers to a message "
-                                   "of it (was the session deleted or moved to the trash while it was open?)")
-        return rows
+                raise DatabaseError(f"{self.path}: {what} did not finish", stored=None) from None
 
-    async def _query(self, seqs: list[int]) -> dict[int, bytes]:
+    async def _query(self, method: str, sql: str, args: tuple[Any, ...], what: str) -> Any:
         apg = require_asyncpg()
         for attempt in (0, 1):
             conn = self._conn
@@ -124,18 +138,16 @@ class PostgresMessageReader(PageCache):
                 conn = self._conn = await reconnect(self.dsn, self.window)
                 self.connects += 1
             try:
-                rows = await conn.fetch(self._sql, self.session_id, seqs, timeout=self.timeout)
+                return await getattr(conn, method)(sql, self.session_id, *args, timeout=self.timeout)
             except _lost_errors(apg) as e:
                 self._conn = None
                 conn.terminate()
                 if attempt:
-                    raise DatabaseError(f"{self.path}: reading messages of the history failed: the connection was "
-                                        f"lost ({type(e).__name__}: {e})", stored=None) from e
+                    raise DatabaseError(f"{self.path}: {what} failed: the connection was lost "
+                                        f"({type(e).__name__}: {e})", stored=None) from e
                 continue
             except apg.PostgresError as e:
-                raise DatabaseError(f"{self.path}: reading messages of the history failed: {type(e).__name__}: {e}",
-                                    stored=None) from e
-            return {r["seq"]: bytes(r["record"]) for r in rows}
+                raise DatabaseError(f"{self.path}: {what} failed: {type(e).__name__}: {e}", stored=None) from e
         raise AssertionError("unreachable")
 
     def close(self) -> None:
