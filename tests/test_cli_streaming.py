@@ -262,3 +262,40 @@ def test_verify_memory_does_not_grow_with_a_segmented_log(big_segmented_session:
     result = json.loads(proc.stderr.strip().splitlines()[-1])
     assert result["rc"] == 0, proc.stderr[-2000:]
     assert result["growth_kb"] * 1024 < size / 2, (result, size)
+
+
+def test_stats_tokens_uses_the_counts_the_history_keeps(storage: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats --tokens`` sums the per-message counts the history keeps (the checkpoint records them; the
+    store's first token count makes the missing ones) instead of tokenising every message again in its pass
+    over the history: in that pass only what the conversation view changes is tokenised. The totals are those
+    of counting everything."""
+    import asyncio
+
+    from context_persistent import snapshot
+    from context_persistent.tokens import TokenCounter
+
+    want = asyncio.run(_session(storage))
+    in_pass: list[bool] = [False]
+    calls: list[Any] = []
+    count, walk = TokenCounter.count_message, snapshot.history_messages
+
+    def counting(self: Any, m: Any) -> int:
+        if in_pass[0]:
+            calls.append(m)
+        return count(self, m)  # type: ignore[no-any-return]
+
+    async def passing(store: Any) -> Any:
+        in_pass[0] = True
+        try:
+            async for m in walk(store):
+                yield m
+        finally:
+            in_pass[0] = False
+
+    monkeypatch.setattr(TokenCounter, "count_message", counting)
+    monkeypatch.setattr(snapshot, "history_messages", passing)
+    got = json.loads(_run(capsys, storage, "stats", "s", "--json", "--tokens"))
+    assert {k: got["tokens_per_view"][k] for k in ("full", "conversation", "reasoning")} == want["tokens"]
+    changed = [m for m in want["conversation"] if m not in want["full"]]
+    assert len(calls) == len(changed) < len(want["full"]) // 2

@@ -444,9 +444,15 @@ async def _stats(args: argparse.Namespace) -> int:
         views = {"full": await store.get_token_count()}
         if args.tokens:
             views.update(conversation=0, reasoning=0)
+            # Each message's count is kept with the history (packed; the checkpoint records them): a message
+            # is tokenised here only when it was not counted yet, or when the conversation view changes it.
+            known = store._full().tokens.copy()  # (taken with iter_messages' snapshot: the same messages)
+            i = 0
             async for m in history_messages(store):  # one pass, a message at a time: the history is never held
                 role = m.get("role")
-                n = count(m) if role in REASONING_ROLES else 0
+                cached = known[i] if i < len(known) else None
+                i += 1
+                n = (cached if cached is not None else count(m)) if role in REASONING_ROLES else 0
                 views["reasoning"] += n
                 if role in ("user", "assistant"):
                     kept = text_only(m)
