@@ -360,7 +360,8 @@ def test_cli_tail_after_reads_from_the_database_after_its_seq(pg_config: dict[st
                                                                capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """`tail --after SEQ` asks the database for the events after SEQ (the file backend's reading from the log's
-    end does not apply); `tail -n N` prints the last N."""
+    end does not apply); `tail -n N` prints the last N, read from the row before them (seqs are the rows'
+    order, without gaps)."""
     async def fill() -> None:
         store = await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config)
         await store.add_messages([{"role": "user", "content": f"m{i}"} for i in range(8)])
@@ -379,3 +380,7 @@ def test_cli_tail_after_reads_from_the_database_after_its_seq(pg_config: dict[st
     assert asked == [6]
     assert main(["tail", sid, "-n", "2", "--json", *db]) == 0
     assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [8, 9]
+    assert asked == [6, 7]  # (the last N: from the row before them, not from the session's first)
+    assert main(["tail", sid, "-n", "20", "--json", *db]) == 0
+    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == list(range(1, 10))
+    assert asked == [6, 7, 0]

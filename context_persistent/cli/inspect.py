@@ -598,10 +598,12 @@ def _tail_anchor(log: Any, after: int | None, lines: int) -> tuple[int, int | No
     """``(seq, position)`` to read a file log on from (``read_batches``): right after record ``after``, or before
     its last ``lines`` records, found without reading what comes before (segments.py, ``LogReader.anchor_for``
     and ``anchor_before_last``); ``(0, None)``: read from the start. A database log reads after ``after`` by
-    itself."""
+    itself; its seqs have no gaps, so its last ``lines`` records follow seq ``last_seq - lines``."""
     from ..log import FileEventLog
 
     if not isinstance(log, FileEventLog):
+        if after is None and type(log).__name__ == "PostgresEventLog":
+            return max(0, log.position - lines), None
         return after or 0, None
     with log.reader() as reader:
         found = reader.anchor_for(after) if after is not None else reader.anchor_before_last(lines, log.position)
