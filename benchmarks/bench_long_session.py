@@ -66,6 +66,23 @@ pc = time.perf_counter
 fresh = new_messages(appends) if step in ("appends", "checkpoint") else []
 result = {}
 
+async def first_read(read):  # seconds read() takes (awaited if it must be); its length goes in the result
+    t = pc()
+    got = read()
+    if asyncio.iscoroutine(got):
+        got = await got
+    took = pc() - t
+    result["request_messages"] = len(got)
+    return took
+
+async def append_each(add):  # seconds adding the fresh messages takes, one add() call each
+    t = pc()
+    for m in fresh:
+        done = add(m)
+        if asyncio.iscoroutine(done):
+            await done
+    return pc() - t
+
 async def ours():
     from context_persistent import PersistentContextManager
     cfg = {}
@@ -79,11 +96,7 @@ async def ours():
         if step == "open":
             took = opened
         elif step == "first request":
-            t = pc()
-            got = await store.get_messages_for_request()
-            took = pc() - t
-            result["request_messages"] = len(got)
-            del got
+            took = await first_read(store.get_messages_for_request)
         elif step == "compaction":
             await store.get_messages_for_request()
             budget = store.resolve_budget(None, None)[0] // 2
@@ -91,10 +104,7 @@ async def ours():
             result["request_tokens"] = await store.compact(token_budget=budget)
             took = pc() - t
         elif step == "appends":
-            t = pc()
-            for m in fresh:
-                await store.add_message(m)
-            took = pc() - t
+            took = await append_each(store.add_message)
         elif step == "checkpoint":
             cps = store._checkpoints
             before = cps.seq
@@ -126,16 +136,9 @@ async def reference():
     ref = ReferenceReRead(__import__("pathlib").Path(path))
     took = pc() - t
     if step == "first request":
-        t = pc()
-        got = ref.get_messages_for_request()
-        took = pc() - t
-        result["request_messages"] = len(got)
-        del got
+        took = await first_read(ref.get_messages_for_request)
     elif step == "appends":
-        t = pc()
-        for m in fresh:
-            ref.add_message(m)
-        took = pc() - t
+        took = await append_each(ref.add_message)
     result.update(seconds=took, base_kb=base, peak_kb=peak_rss_kb())
 
 async def sqlite():
@@ -147,16 +150,9 @@ async def sqlite():
     took = pc() - t
     try:
         if step == "first request":
-            t = pc()
-            got = await session.get_items()
-            took = pc() - t
-            result["request_messages"] = len(got)
-            del got
+            took = await first_read(session.get_items)
         elif step == "appends":
-            t = pc()
-            for m in fresh:
-                await session.add_items([m])
-            took = pc() - t
+            took = await append_each(lambda m: session.add_items([m]))
         result.update(seconds=took, base_kb=base, peak_kb=peak_rss_kb())
     finally:
         session.close()

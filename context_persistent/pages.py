@@ -13,6 +13,7 @@ memory".
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -60,7 +61,7 @@ def message_of(rec: dict[str, Any], index: int) -> Any:
     return None
 
 
-class PageCache:
+class PageCache(ABC):
     """What every pager shares: the LRU cache of parsed messages by ref, at most ``cache_bytes`` (the JSON bytes
     of the messages it holds), and what it does with a record it read for a ref: verify it (``codec.decode``),
     pick the message the ref names (LogCorruptedError if there is none: nothing is skipped silently) and keep
@@ -80,11 +81,13 @@ class PageCache:
         self.reads = 0
         self.hits = 0
 
+    @abstractmethod
     def _line(self, at: int) -> bytes:
-        raise NotImplementedError
+        """The record that refs with upper part ``at`` name (a byte position, or a seq on PostgreSQL)."""
 
+    @abstractmethod
     def _broken(self, at: int, reason: str) -> LogCorruptedError:
-        raise NotImplementedError
+        """The error for the record at ``at``, naming where it is."""
 
     def fetch(self, ref: int) -> dict[str, Any]:
         """The message ``ref`` names; LogCorruptedError if the log does not hold a valid record with that

@@ -11,6 +11,7 @@ stable across restarts, so pins and redactions can name a message.
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -50,7 +51,7 @@ def same_items(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(x == y for x, y in zip(a, b))
 
 
-class _Packed:
+class _Packed(ABC):
     """A list of per-message values held as 8-byte ints (``array('q')``) instead of Python objects (about
     24 bytes a message for a history's refs, keys and token counts instead of about 120). Reads and writes
     go through ``_enc``/``_dec``; every list operation the projection's users make is supported."""
@@ -61,11 +62,13 @@ class _Packed:
         self.a = array("q")
         self.extend(values)
 
+    @abstractmethod
     def _enc(self, v: Any) -> int:
-        raise NotImplementedError
+        """The int stored for ``v``."""
 
+    @abstractmethod
     def _dec(self, v: int) -> Any:
-        raise NotImplementedError
+        """The value a stored int stands for."""
 
     def __len__(self) -> int:
         return len(self.a)
