@@ -6,7 +6,7 @@ folder's ``pyproject.toml``, with its dependencies, into the host's environment.
 ``source:`` name the repository root; it re-exports the real module, ``context_persistent``.
 """
 
-from context_persistent.mount import mount
+from context_persistent.integrations.amplifier import mount
 
 __amplifier_module_type__ = "context"
 

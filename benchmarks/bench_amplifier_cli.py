@@ -50,7 +50,6 @@ def _bundle(cli: Any, module: str) -> str:
 
 async def _grow_log(storage: Path, session_id: str, messages: list[dict[str, Any]]) -> None:
     from context_persistent import PersistentContextManager
-
     store = await PersistentContextManager.open(storage_path=storage, session_id=session_id, fsync="never")
     try:
         for m in messages:

@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
-from context_persistent import PersistentContextManager, codec
-from context_persistent import events as ev
+from context_persistent import PersistentContextManager
 
+from context_persistent.model import codec
+from context_persistent.model import events as ev
 from ._harness import Ctx, Row, compare, percentile
 from .peers import durable_sqlite_session_class, sqlite_session_pragmas, sqlite_wal
 from .workloads import sized_message

@@ -22,7 +22,7 @@ CHILD = """
 import asyncio, json, sys, time
 import orjson
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import snapshot
+from context_persistent.storage.checkpoint import snapshot
 storage, sid, materialise = sys.argv[1], sys.argv[2], sys.argv[3] == "full"
 
 async def main():

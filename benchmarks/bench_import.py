@@ -16,7 +16,7 @@ t = time.perf_counter()
 import context_persistent
 result = {"seconds": time.perf_counter() - t}
 reg = sys.modules.get("tiktoken.registry")
-tok = sys.modules.get("context_persistent.tokens")
+tok = sys.modules.get("context_persistent.model.tokens")
 result["encodings_loaded"] = ((len(getattr(reg, "ENCODINGS", {})) if reg else 0)
                               + (len(tok.TokenCounter._cache) if tok else 0))
 """ + CHILD_REPORT
@@ -30,7 +30,7 @@ result = {"seconds": time.perf_counter() - t}
 
 ENCODING = """
 import time, tiktoken
-from context_persistent.tokens import TokenCounter
+from context_persistent.model.tokens import TokenCounter
 t = time.perf_counter()
 TokenCounter().count_text("")  # loads the default encoding from its bundled file
 result = {"seconds": time.perf_counter() - t}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-from context_persistent.tokens import DEFAULT_ENCODING
+from context_persistent.model.tokens import DEFAULT_ENCODING
 
 from ._harness import Ctx, Row, compare, info, median
 

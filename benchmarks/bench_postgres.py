@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager, SessionLockedError
-
 from ._harness import CHILD_REPORT, ROOT, Ctx, Row, Skip, compare, info, percentile, run_child
 from .bench_append import add_latencies
 from .long_data import messages as long_messages
@@ -53,14 +52,14 @@ def _dsn() -> str:
 
 
 async def _probe(dsn: str) -> None:
-    from context_persistent.pg import connect
+    from context_persistent.storage.pg import connect
 
     conn = await connect(dsn, timeout=3)
     await conn.close()
 
 
 async def _drop(dsn: str, schema: str) -> None:
-    from context_persistent.pg import connect
+    from context_persistent.storage.pg import connect
 
     conn = await connect(dsn)
     try:

@@ -35,7 +35,7 @@ result = {"seconds": time.perf_counter() - t, "n": len(recs)}
 OURS = """
 import asyncio, os, sys, time
 from context_persistent import PersistentContextManager
-from context_persistent.paths import CHECKPOINT_NAME
+from context_persistent.storage.paths import CHECKPOINT_NAME
 storage, sid, mode, start = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 checkpoint = os.path.join(storage, sid, CHECKPOINT_NAME)
 if start == "cold" and os.path.exists(checkpoint):

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-
 from ._harness import Ctx, Row, compare, median
 from .peers import ReferenceReRead
 from .workloads import sized_message, sized_messages, write_reference, write_session

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from context_persistent.replay import normalise
-from context_persistent.resume import FILTERED, classify
+from context_persistent.model.replay import normalise
+from context_persistent.model.resume import FILTERED, classify
 
 from ._harness import Ctx, Row, info, median
 

@@ -20,7 +20,6 @@ GROUP = "retention"
 
 async def _populate(root: Path, n: int) -> None:
     from context_persistent import PersistentContextManager
-
     for i in range(n):
         store = await PersistentContextManager.open(storage_path=root, session_id=f"s{i:05d}", fsync="never")
         for j in range(4):
@@ -30,7 +29,6 @@ async def _populate(root: Path, n: int) -> None:
 
 async def _open_close(root: Path, retention: dict[str, object] | None) -> float:
     from context_persistent import PersistentContextManager
-
     extra = {"retention": retention} if retention else {}
     t = time.perf_counter()
     store = await PersistentContextManager.open(storage_path=root, session_id="s00000", **extra)
@@ -49,8 +47,8 @@ def run(ctx: Ctx) -> list[Row]:
     for _ in range(ctx.rounds):
         ref.append(asyncio.run(_open_close(root, None)) * 1000)
         ours.append(asyncio.run(_open_close(root, policy)) * 1000)
-    from context_persistent.retention import RetentionPolicy
-    from context_persistent.trash import apply_file
+    from context_persistent.model.retention import RetentionPolicy
+    from context_persistent.operations.trash import apply_file
 
     t = time.perf_counter()
     report = asyncio.run(apply_file(root, RetentionPolicy(max_sessions=n // 2)))

@@ -92,7 +92,7 @@ print(json.dumps({"floor": time.perf_counter() - t}))
 
 READS = """
 import json, os, random, sys, time
-from context_persistent.segments import LogReader
+from context_persistent.storage.segments import LogReader
 folder = sys.argv[1]
 with LogReader(folder) as reader:
     lines = list(reader.lines(0, reader.base))
@@ -121,7 +121,7 @@ READER_SEGMENTS = 512
 
 READER_OPEN = """
 import json, os, sys, time
-from context_persistent.segments import LogReader
+from context_persistent.storage.segments import LogReader
 folder = sys.argv[1]
 with LogReader(folder) as reader:
     files = [os.path.join(folder, s.file) for s in reader.segments]
@@ -174,7 +174,7 @@ def run(ctx: Ctx) -> list[Row]:
         reads[compress] = run_child(READS, str(storage / "s"))
     many = ctx.tempdir(f"segments-reader-{READER_SEGMENTS}") / "store"
     if not many.exists():
-        from context_persistent.segment_store import migrate
+        from context_persistent.storage.segment_store import migrate
 
         write_session(many, "s", sized_messages(READER_SEGMENTS * 4, 1000))
         migrate(many / "s", "s", 4096)

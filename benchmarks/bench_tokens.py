@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-from context_persistent.tokens import DEFAULT_ENCODING, TokenCounter, message_text
+from context_persistent.model.tokens import DEFAULT_ENCODING, TokenCounter, message_text
 
 from ._harness import Ctx, Row, compare, info, median
 from .workloads import agent_mix, write_session

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from context_persistent import codec
-from context_persistent.paths import DIR_MODE, LOG_NAME
+from context_persistent.model import codec
+from context_persistent.storage.paths import DIR_MODE, LOG_NAME
 
 from ._harness import ROOT
 from .workloads import text, write_reference, write_session

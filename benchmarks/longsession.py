@@ -30,9 +30,9 @@ from typing import Any
 
 import orjson
 
-from context_persistent import codec
-from context_persistent import events as ev
-from context_persistent.paths import FILE_MODE, LOG_NAME, make_private_dirs
+from context_persistent.model import codec
+from context_persistent.model import events as ev
+from context_persistent.storage.paths import FILE_MODE, LOG_NAME, make_private_dirs
 
 from .workloads import agent_mix
 
@@ -63,7 +63,7 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
     """Write ``<directory>/<session_id>/events.jsonl`` holding ``session_started`` and ``messages`` messages of
     the agent mix (about ``mean_bytes`` of JSON each), then (``checkpoint``) open it with the store once and
     close it, with every token count filled in, so the session has a current checkpoint. Returns facts."""
-    from context_persistent.tokens import TokenCounter
+    from context_persistent.model.tokens import TokenCounter
 
     root = Path(directory)
     folder = root / session_id
@@ -101,8 +101,8 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
     size = (folder / LOG_NAME).stat().st_size
     facts: dict[str, Any] = {"messages": messages, "bytes": size, "write_s": time.perf_counter() - started}
     try:  # a log that grew under a store rolls into sealed segments as it goes: cut this one the same way
-        from context_persistent.log import SEGMENT_BYTES
-        from context_persistent.segment_store import migrate
+        from context_persistent.storage.log import SEGMENT_BYTES
+        from context_persistent.storage.segment_store import migrate
     except ImportError:  # (a version without segments: one file)
         pass
     else:
@@ -118,7 +118,6 @@ def build(directory: str | os.PathLike[str], messages: int, *, mean_bytes: int =
 
 async def _checkpoint(root: Path, session_id: str, counts: array.array) -> None:  # type: ignore[type-arg]
     from context_persistent import PersistentContextManager
-
     store = await PersistentContextManager.open(storage_path=root, session_id=session_id, fsync="never",
                                                 checkpoint_every=1 << 40)
     try:
@@ -151,7 +150,6 @@ def _rss_mb() -> float:
 
 async def _steps(root: Path, session_id: str, appends: int) -> dict[str, Any]:
     from context_persistent import PersistentContextManager
-
     out: dict[str, Any] = {"rss_start_mb": _rss_mb()}
 
     def step(name: str, started: float) -> None:

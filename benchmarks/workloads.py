@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from context_persistent import codec
-from context_persistent import events as ev
-from context_persistent.paths import FILE_MODE, LOG_NAME, make_private_dirs
+from context_persistent.model import codec
+from context_persistent.model import events as ev
+from context_persistent.storage.paths import FILE_MODE, LOG_NAME, make_private_dirs
 
 _WORDS = (
     "the agent reads file config value returns error when tool call result session memory context token budget "

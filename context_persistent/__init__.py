@@ -26,14 +26,14 @@ from .errors import (
     UnsafeStorageError,
     UnsupportedFormatError,
 )
-from .manager import PersistentContextManager
-from .mount import mount
+from .store.manager import PersistentContextManager
+from .integrations.amplifier import mount
 
 
 def __getattr__(name: str) -> object:
     # import_ pulls in the snapshot machinery (transfer.py) (aiofiles and the formats): load it on first use.
     if name == "import_":
-        from .transfer import import_
+        from .store.importing import import_
 
         return import_
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

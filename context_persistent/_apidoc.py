@@ -61,7 +61,7 @@ def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
 
 def problems(cls: type | None = None, functions: list[tuple[str, Callable[..., Any]]] | None = None) -> list[str]:
     """What is undocumented: one line per missing docstring, parameter, "Returns" or "Raises"."""
-    from .manager import PersistentContextManager
+    from .store.manager import PersistentContextManager
 
     cls = cls or PersistentContextManager
     items: list[tuple[str, Any]] = [(f"{cls.__name__}.{n}", v) for n, v in _members(cls)]
@@ -113,7 +113,7 @@ def _signature(name: str, fn: Callable[..., Any], prefix: str = "") -> str:
 
 
 def render() -> str:
-    from .manager import PersistentContextManager
+    from .store.manager import PersistentContextManager
 
     cls = PersistentContextManager
     parts = [HEADER, f"## class `{cls.__name__}`\n", _markdown(inspect.getdoc(cls) or "") + "\n"]

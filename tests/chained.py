@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from context_persistent import codec
-from context_persistent.log import data_size
+from context_persistent.model import codec
+from context_persistent.storage.log import data_size
 
 TS = "2026-01-01T00:00:00.000000+00:00"
 

@@ -45,7 +45,7 @@ class _Counter:
 @pytest.fixture
 def rebuilds(monkeypatch: pytest.MonkeyPatch) -> _Counter:
     """Counts the store's full request-view builds (calls of compaction.build_request_view)."""
-    import context_persistent.compaction as compaction
+    import context_persistent.model.compaction as compaction
 
     real = compaction.build_request_view
     counter = _Counter()

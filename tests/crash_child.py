@@ -27,8 +27,6 @@ import sys
 import time
 
 from context_persistent import PersistentContextManager
-
-
 def message(i: int, big: bool = False) -> dict[str, str]:
     return {"role": "user", "content": f"m{i}:" + ("x" * 100_000 if big else "y" * (i % 97))}
 

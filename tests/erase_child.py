@@ -13,8 +13,6 @@ import sys
 import time
 
 from context_persistent import PersistentContextManager
-
-
 def _say(text: str) -> None:
     os.write(1, (text + "\n").encode())
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from context_persistent.backends import open_log
-from context_persistent.codec import FORMAT_VERSION, crc_of, decode, root_crc
-from context_persistent.config import check_config
-from context_persistent.session import Session
-from context_persistent.writer import Writer
+from context_persistent.storage.backends import open_log
+from context_persistent.model.codec import FORMAT_VERSION, crc_of, decode, root_crc
+from context_persistent.store.config import check_config
+from context_persistent.store.session import Session
+from context_persistent.store.writer import Writer
 
 SESSION = "part"
 

@@ -14,8 +14,6 @@ import os
 import sys
 
 from context_persistent import PersistentContextManager, SessionLockedError
-
-
 async def _open(dsn: str, schema: str, sid: str) -> PersistentContextManager:
     return await PersistentContextManager.open(storage_path=os.environ["CONTEXT_PERSISTENT_DIR"], session_id=sid, backend="postgres",
                                                dsn=dsn, pg_schema=schema, recognise_replay=False)

@@ -267,7 +267,6 @@ class Cli:
     # -- our log, read-only -----------------------------------------------------------------------
     def log_messages(self, session_id: str) -> list[dict[str, Any]]:
         from context_persistent import PersistentContextManager
-
         async def read() -> list[dict[str, Any]]:
             store = await PersistentContextManager.open(storage_path=self.storage, session_id=session_id,
                                                         readonly=True)
@@ -279,8 +278,8 @@ class Cli:
         return asyncio.run(read())
 
     def log_records(self, session_id: str) -> list[dict[str, Any]]:
-        from context_persistent.log import FileEventLog
-        from context_persistent.paths import session_dir
+        from context_persistent.storage.log import FileEventLog
+        from context_persistent.storage.paths import session_dir
 
         async def read() -> list[dict[str, Any]]:
             log = FileEventLog(session_dir(self.storage, session_id), session_id, readonly=True)

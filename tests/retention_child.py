@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from context_persistent import trash
-from context_persistent.retention import RetentionPolicy
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
 
 
 def _say(text: str) -> None:
@@ -72,9 +72,9 @@ def main(storage: str, op: str, point: str, nth: int) -> None:
     elif op == "purge":
         asyncio.run(trash.purge(storage, force=True))
     elif op == "apply-pg":  # STORAGE is pg:DSN:SCHEMA; one transaction per session, killed at random by the test
-        from context_persistent.pg.retention import apply_pg
+        from context_persistent.storage.pg.retention import apply_pg
 
-        from context_persistent.pg import retention as pg_retention
+        from context_persistent.storage.pg import retention as pg_retention
 
         real_append = pg_retention._Store.append
 

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import orjson
 
-from context_persistent import PersistentContextManager, codec
-from context_persistent.backends import open_log
-from context_persistent.repair import verify
-from context_persistent.segments import LogReader
+from context_persistent import PersistentContextManager
+
+from context_persistent.model import codec
+from context_persistent.storage.backends import open_log
+from context_persistent.operations.repair import verify
+from context_persistent.storage.segments import LogReader
 
 
 def _say(text: str) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from context_persistent import PersistentContextManager
-from context_persistent.segment_store import migrate
+from context_persistent.storage.segment_store import migrate
 
 
 def _say(text: str) -> None:

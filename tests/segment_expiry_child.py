@@ -11,8 +11,8 @@ import asyncio
 import os
 import sys
 
-from context_persistent import trash
-from context_persistent.retention import RetentionPolicy
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
 
 
 async def main(storage: str) -> None:

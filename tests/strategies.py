@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from context_persistent.tokens import message_text
+from context_persistent.model.tokens import message_text
 
 Message = dict[str, Any]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from amplifier_core import AmplifierSession
 
-from context_persistent.codec import decode
+from context_persistent.model.codec import decode
 
 FAKES = Path(__file__).parent / "amplifier_fakes"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from context_persistent.cli.inspect import message_text
-from context_persistent.grouping import group_messages, placeholder_text, repair, tool_calls_of
-from context_persistent.tokens import TokenCounter
+from context_persistent.model.grouping import group_messages, placeholder_text, repair, tool_calls_of
+from context_persistent.model.tokens import TokenCounter
 
 CALL = {"role": "assistant", "content": "",
         "tool_calls": [{"id": "call_1", "tool": "zebra_lookup", "arguments": {"path": "a.txt"}}]}

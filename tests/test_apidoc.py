@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager, _apidoc
-
-
 def test_every_public_member_is_documented() -> None:
     assert _apidoc.problems() == []
 

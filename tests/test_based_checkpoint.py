@@ -22,12 +22,12 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import policy as cpmod
-from context_persistent.checkpoint import CHECKPOINT_VERSION, CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
+from context_persistent.storage.checkpoint import policy as cpmod
+from context_persistent.storage.checkpoint import CHECKPOINT_VERSION, CheckpointError, Checkpointer, FileCheckpointStore, decode, encode_front
 from context_persistent.errors import LogCorruptedError
-from context_persistent.log import scan
-from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
-from context_persistent.repair import verify
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import CHECKPOINT_NAME, LOG_NAME
+from context_persistent.operations.repair import verify
 
 from strategies import tool_turns
 
@@ -512,8 +512,8 @@ async def test_a_checkpoint_of_layout_2_is_still_read(storage: Path, loads: list
 async def test_verify_compares_a_checkpoints_keys(storage: Path) -> None:
     """The fold equals a checkpoint's state only with the same message keys (compared without a copy): a
     state whose keys differ in one place is not the log's."""
-    from context_persistent.checkpoint import decode as decode_checkpoint
-    from context_persistent.repair import _same_state, _Walk
+    from context_persistent.storage.checkpoint import decode as decode_checkpoint
+    from context_persistent.operations.repair import _same_state, _Walk
 
     store = await _open(storage)
     for i in range(3 * EVERY):

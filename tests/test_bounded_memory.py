@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import FileCheckpointStore, decode
+from context_persistent.storage.checkpoint import FileCheckpointStore, decode
 from context_persistent.errors import LogCorruptedError
-from context_persistent.log import read_line_at, scan
-from context_persistent.pages import MessageReader, make_ref
-from context_persistent.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
-from context_persistent.projection import PagedList
+from context_persistent.storage.log import read_line_at, scan
+from context_persistent.storage.pages import MessageReader, make_ref
+from context_persistent.storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
+from context_persistent.model.projection import PagedList
 
 from strategies import tool_turns
 
@@ -245,8 +245,7 @@ async def test_a_corrupt_record_a_ref_names_is_an_error_not_a_skip(long_session:
 
 
 def test_read_line_at_and_the_reader(tmp_path: Path) -> None:
-    from context_persistent import codec
-
+    from context_persistent.model import codec
     folder = tmp_path / "s"
     folder.mkdir()
     lines = codec.encode_chain([(1, "message_added", {"message": {"role": "user", "content": "x" * 100_000}}, None),
@@ -272,8 +271,8 @@ def test_read_line_at_and_the_reader(tmp_path: Path) -> None:
 async def test_a_layout_3_checkpoint_with_messages_inline_is_still_read(storage: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints of the previous layout hold the messages themselves: still used, and the same history."""
-    from context_persistent.checkpoint import encode, payload as payload_mod
-    from context_persistent.projection import Projection
+    from context_persistent.storage.checkpoint import encode, payload as payload_mod
+    from context_persistent.model.projection import Projection
 
     await _session(storage, 100)
     path = storage / S / CHECKPOINT_NAME
@@ -298,7 +297,7 @@ async def test_a_layout_3_checkpoint_with_messages_inline_is_still_read(storage:
 
 async def test_a_refs_checkpoint_is_ignored_where_no_log_can_resolve_it(storage: Path) -> None:
     """A state of refs restored without a pager (a log that cannot read its messages back) is refused with a reason."""
-    from context_persistent.checkpoint import CheckpointError, restore
+    from context_persistent.storage.checkpoint import CheckpointError, restore
 
     await _session(storage, 100)
     cp = decode((storage / S / CHECKPOINT_NAME).read_bytes())
@@ -324,7 +323,7 @@ async def test_a_based_checkpoint_by_reference_reopens_to_the_whole_fold(storage
     assert cp.state_in is not None and cp.base is not None and cp.state is not None
     assert (storage / S / CHECKPOINT_NAME).stat().st_mode & 0o777 == 0o600
     assert (storage / S / CHECKPOINT_BASE_NAME).stat().st_mode & 0o777 == 0o600
-    from context_persistent.repair import verify
+    from context_persistent.operations.repair import verify
 
     report = verify(storage / S, S)
     assert report.ok and report.checkpoint["status"] == "valid", report.checkpoint

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from context_persistent.budget import resolve_budget
+from context_persistent.model.budget import resolve_budget
 
 
 def _r(token_budget=None, provider=None):

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import payload as cpmod
-from context_persistent.checkpoint import CheckpointError, FileCheckpointStore, decode, encode, snapshot
-from context_persistent.log import scan
-from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
-from context_persistent.projection import Projection
-from context_persistent.tokens import TokenCounter
+from context_persistent.storage.checkpoint import payload as cpmod
+from context_persistent.storage.checkpoint import CheckpointError, FileCheckpointStore, decode, encode, snapshot
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import CHECKPOINT_NAME, LOG_NAME
+from context_persistent.model.projection import Projection
+from context_persistent.model.tokens import TokenCounter
 
 S = "s"
 
@@ -323,7 +323,7 @@ def test_any_history_resumes_from_checkpoints_to_the_full_replay_state(tmp_path:
 async def test_verify_reports_the_checkpoint_and_repair_removes_a_bad_one(storage: Path) -> None:
     """verify says a good checkpoint is valid and how far behind it is; a damaged one fails verify until repair
     removes it (the log itself is left byte-identical)."""
-    from context_persistent.repair import repair, verify
+    from context_persistent.operations.repair import repair, verify
 
     await _rich_session(storage)
     report = verify(storage / S, S)

@@ -16,15 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent import events as ev
-from context_persistent.checkpoint import front as cpfront
-from context_persistent.checkpoint import payload as cppayload
-from context_persistent.checkpoint import policy as cppolicy
-from context_persistent.checkpoint import (FRONT_EXTRA_TURNS, FRONT_MAX_SPAN, SystemIndex, decode, dump_in_steps,
+from context_persistent.model import events as ev
+from context_persistent.storage.checkpoint import front as cpfront
+from context_persistent.storage.checkpoint import payload as cppayload
+from context_persistent.storage.checkpoint import policy as cppolicy
+from context_persistent.storage.checkpoint import (FRONT_EXTRA_TURNS, FRONT_MAX_SPAN, SystemIndex, decode, dump_in_steps,
                                            encode, front_of, snapshot)
-from context_persistent.grouping import is_system
-from context_persistent.paths import CHECKPOINT_NAME
-from context_persistent.projection import Projection, json_default
+from context_persistent.model.grouping import is_system
+from context_persistent.storage.paths import CHECKPOINT_NAME
+from context_persistent.model.projection import Projection, json_default
 
 from strategies import conversations, tool_turns
 
@@ -305,7 +305,7 @@ async def test_a_checkpoint_overlapping_writes_is_valid(storage: Path, monkeypat
         await store.close()
     assert (storage / S / CHECKPOINT_NAME).read_bytes() == written  # still the checkpoint written meanwhile
 
-    from context_persistent.repair import verify
+    from context_persistent.operations.repair import verify
 
     report = verify(storage / S, S)
     assert report.checkpoint["status"] == "valid", report.checkpoint

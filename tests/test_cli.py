@@ -17,7 +17,7 @@ import pytest
 
 from context_persistent import PersistentContextManager, import_
 from context_persistent.cli import build_parser
-from context_persistent.views import conversation_view
+from context_persistent.model.views import conversation_view
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TRANSCRIPT = FIXTURES / "amplifier-cli" / "transcript.jsonl"
@@ -287,7 +287,7 @@ def test_progress_bar_only_on_a_terminal_and_only_for_long_work() -> None:
 async def test_verify_and_repair_report_progress(tmp_path: Path) -> None:
     """verify/repair call their progress callback with growing byte offsets (the CLI draws the bar from it)."""
     from context_persistent import PersistentContextManager
-    from context_persistent.repair import repair, verify
+    from context_persistent.operations.repair import repair, verify
 
     async with await PersistentContextManager.open(storage_path=tmp_path, session_id="big", fsync="never") as s:
         for i in range(9000):

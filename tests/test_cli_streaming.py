@@ -16,9 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import PersistentContextManager, snapshot
+from context_persistent import PersistentContextManager
+
+from context_persistent.transfer import snapshot
 from context_persistent.cli import main
-from context_persistent.projection import split_key
+from context_persistent.model.projection import split_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,7 +176,7 @@ def status(key):
         for line in f:
             if line.startswith(key):
                 return int(line.split()[1])
-import orjson, asyncio, context_persistent.cli as cli, context_persistent.manager, context_persistent.snapshot
+import orjson, asyncio, context_persistent.cli as cli, context_persistent.store.manager, context_persistent.transfer.snapshot
 import os
 base = status("VmRSS:")
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
@@ -272,8 +274,8 @@ def test_stats_tokens_uses_the_counts_the_history_keeps(storage: Path, capsys: p
     of counting everything."""
     import asyncio
 
-    from context_persistent import snapshot
-    from context_persistent.tokens import TokenCounter
+    from context_persistent.transfer import snapshot
+    from context_persistent.model.tokens import TokenCounter
 
     want = asyncio.run(_session(storage))
     in_pass: list[bool] = [False]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from context_persistent import codec
+from context_persistent.model import codec
 from context_persistent.errors import UnsupportedFormatError
 
 json_values = st.recursive(

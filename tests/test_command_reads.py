@@ -12,11 +12,15 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import PersistentContextManager, codec, segments
+from context_persistent import PersistentContextManager
+
+from context_persistent.model import codec
+
+from context_persistent.storage import segments
 from context_persistent.cli import main
-from context_persistent.follow import follow_file
-from context_persistent.paths import LOG_NAME
-from context_persistent.segments import LogReader
+from context_persistent.storage.follow import follow_file
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.storage.segments import LogReader
 
 SID = "s"
 
@@ -226,8 +230,8 @@ def _seqs_by_a_whole_pass(view: list[dict[str, Any]], history: list[dict[str, An
 
 def test_request_view_commands_read_only_its_window(storage: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from context_persistent import projection, snapshot
-
+    from context_persistent.model import projection
+    from context_persistent.transfer import snapshot
     want = _long_session(storage)
 
     def refused(*args: Any, **kwargs: Any) -> Any:

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from context_persistent.compaction import (
+from context_persistent.model.compaction import (
     CompactionConfig, CompactionRequest, CompactionResult, CompactionStrategy, RequestView, build_request_view,
 )
-from context_persistent.compaction.head_tail import HeadTailStrategy
-from context_persistent.compaction.simple import SimpleStrategy
-from context_persistent.compaction.smart import SmartStrategy
-from context_persistent.grouping import validate_sequence
+from context_persistent.model.compaction.head_tail import HeadTailStrategy
+from context_persistent.model.compaction.simple import SimpleStrategy
+from context_persistent.model.compaction.smart import SmartStrategy
+from context_persistent.model.grouping import validate_sequence
 from strategies import count
 
 Message = dict[str, Any]

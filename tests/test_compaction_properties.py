@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_persistent.compaction import CompactionConfig, CompactionRequest, build_request_view
-from context_persistent.compaction.invariants import skeleton
-from context_persistent.grouping import group_messages, is_real_user_turn, repair, validate_sequence
+from context_persistent.model.compaction import CompactionConfig, CompactionRequest, build_request_view
+from context_persistent.model.compaction.invariants import skeleton
+from context_persistent.model.grouping import group_messages, is_real_user_turn, repair, validate_sequence
 from strategies import conversations, count
 
 Message = dict[str, Any]
@@ -77,7 +77,7 @@ def test_every_view_satisfies_every_invariant(conv: tuple[list[Message], list[bo
     assert view.token_count == sum(count(m) for m in out) == view.stats["token_count"]
 
     # Map repaired messages back to their stored originals by position, via the grouping module itself.
-    from context_persistent.grouping import analyse
+    from context_persistent.model.grouping import analyse
 
     found = analyse(messages)
     repaired = found.messages

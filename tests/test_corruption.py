@@ -14,9 +14,9 @@ import pytest
 
 from context_persistent import LogCorruptedError, PersistentContextManager
 from context_persistent.cli import main
-from context_persistent.codec import encode_event
-from context_persistent.paths import LOG_NAME
-from context_persistent.repair import QUARANTINE_PREFIX, TORN_PREFIX, repair, verify
+from context_persistent.model.codec import encode_event
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.operations.repair import QUARANTINE_PREFIX, TORN_PREFIX, repair, verify
 from conftest import PYTHON
 
 SESSION = "s"

@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.log import scan
-from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
-from context_persistent.projection import Projection
-from context_persistent.repair import verify
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import CHECKPOINT_NAME, LOG_NAME
+from context_persistent.model.projection import Projection
+from context_persistent.operations.repair import verify
 from conftest import PYTHON
 
 CHILD = Path(__file__).with_name("crash_child.py")

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-import context_persistent.events as ev
+import context_persistent.model.events as ev
 from context_persistent import MalformedInputError, PersistentContextManager, import_
-from context_persistent.codec import MAX_DEPTH, ORJSON_MAX_DEPTH, WRAP_DEPTH
-from context_persistent.log import scan
+from context_persistent.model.codec import MAX_DEPTH, ORJSON_MAX_DEPTH, WRAP_DEPTH
+from context_persistent.storage.log import scan
 
 
 def nested(depth: int, role: str = "user") -> dict[str, Any]:

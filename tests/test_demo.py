@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

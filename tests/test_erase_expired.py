@@ -11,10 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import LogCorruptedError, PersistentContextManager, trash
-from context_persistent.repair import verify
-from context_persistent.retention import RetentionPolicy
-from context_persistent.segments import decompress_all, load_manifest
+from context_persistent import LogCorruptedError, PersistentContextManager
+
+from context_persistent.operations import trash
+from context_persistent.operations.repair import verify
+from context_persistent.model.retention import RetentionPolicy
+from context_persistent.storage.segments import decompress_all, load_manifest
 
 SID = "seg"
 
@@ -159,7 +161,7 @@ def test_cli_erase_and_verify_name_the_trash(storage: Path, tmp_path: Path, caps
     [entry] = (storage / ".retention" / "trash").iterdir()
     (entry / "notes.txt").write_bytes(b"x")  # (not a segment: not searched)
     seg = sorted(entry.glob("segment-*.zst"))[0]
-    from context_persistent.segments import compress
+    from context_persistent.storage.segments import compress
 
     os.chmod(seg, 0o600)
     seg.write_bytes(compress(decompress_all(seg.read_bytes()) + orjson.dumps(msgs[3]) + b"\n")[0])

@@ -20,11 +20,12 @@ import orjson
 import pytest
 
 from conftest import PYTHON
-from context_persistent import PersistentContextManager, trash
-from context_persistent.repair import verify
-from context_persistent.retention import RetentionPolicy
-from context_persistent.segment_store import CRASH_ENV
-from context_persistent.segments import decompress_all
+from context_persistent import PersistentContextManager
+from context_persistent.operations import trash
+from context_persistent.operations.repair import verify
+from context_persistent.model.retention import RetentionPolicy
+from context_persistent.storage.segment_store import CRASH_ENV
+from context_persistent.storage.segments import decompress_all
 
 CHILD = Path(__file__).with_name("erase_child.py")
 SID = "s"

@@ -15,10 +15,12 @@ import orjson
 import pytest
 from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import PersistentContextManager, ReadOnlyError, codec
+from context_persistent import PersistentContextManager, ReadOnlyError
+
+from context_persistent.model import codec
 from context_persistent.cli import main
-from context_persistent.erasure import _forge_pad, check_receipt, tombstone
-from context_persistent.repair import verify
+from context_persistent.operations.erasure import _forge_pad, check_receipt, tombstone
+from context_persistent.operations.repair import verify
 
 SECRET = {"role": "user", "content": "my passport number is X1234567, please remember it"}
 NEEDLE = orjson.dumps(SECRET)
@@ -52,7 +54,7 @@ async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(sto
     receipt = await store.erase(2, reason="user request")
     import hashlib
 
-    from context_persistent.erasure import escaped
+    from context_persistent.operations.erasure import escaped
 
     assert receipt["message"] == {"seq": 4, "index": 0, "key": 4 << 20, "role": "user",
                                   "sha256": "sha256:" + hashlib.sha256(NEEDLE).hexdigest(), "bytes": len(NEEDLE),
@@ -103,7 +105,6 @@ async def test_erase_reaches_checkpoints_side_files_and_compaction_exports(stora
     assert receipt["removed_temp_files"] == ["events.jsonl.repair-tmp"]
     # the rewritten export is still a valid snapshot: it imports, without the message
     from context_persistent import import_
-
     await import_(export, session_id="copy", storage_path=storage)
     copy = await _open(storage, "copy")
     assert SECRET not in await copy.get_messages() and len(await copy.get_messages()) == 2
@@ -186,7 +187,7 @@ def test_a_version_1_record_gets_a_version_1_tombstone() -> None:
     line = b'{"v":1,"seq":2,"ts":"2024-01-01T00:00:00+00:00","type":"message_added","data":{"message":%s}' % NEEDLE
     line += b',"crc":"%08x"}\n' % zlib.crc32(b"}", zlib.crc32(line))
     rec = codec.decode(line)
-    from context_persistent.erasure import erased_data
+    from context_persistent.operations.erasure import erased_data
 
     tomb = tombstone(rec, erased_data(rec, [0], "", codec.now_iso()))
     assert tomb.startswith(b'{"v":1,"seq":2,"ts"') and codec.decode(tomb)["crc"] == rec["crc"]
@@ -270,8 +271,8 @@ async def test_erase_on_postgres_updates_the_rows(pg_config: dict[str, str], sid
 
 
 async def test_a_quarantined_copy_is_found_and_removed(storage: Path) -> None:
-    from context_persistent.erasure import escaped
-    from context_persistent.repair import repair
+    from context_persistent.operations.erasure import escaped
+    from context_persistent.operations.repair import repair
 
     store = await _session(storage)
     await store.add_message(SECRET)  # seq 6: a second copy, damaged below and quarantined by repair

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import PYTHON
 from context_persistent import PersistentContextManager
-from context_persistent.repair import verify
+from context_persistent.operations.repair import verify
 
 CHILD = Path(__file__).with_name("erase_child.py")
 SECRET = {"role": "user", "content": "card 4111 1111 1111 1111, exp 12/29 " + "z" * 200}

@@ -13,7 +13,7 @@ import chained
 import pytest
 from pgfixtures import execute, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import codec
+from context_persistent.model import codec
 from context_persistent.errors import (
     ConcurrencyError,
     ContextPersistentError,
@@ -21,8 +21,8 @@ from context_persistent.errors import (
     SessionLockedError,
     SessionNotFoundError,
 )
-from context_persistent.eventlog import EventLog
-from context_persistent.log import FileEventLog
+from context_persistent.storage.eventlog import EventLog
+from context_persistent.storage.log import FileEventLog
 
 
 class FileBackend:
@@ -45,7 +45,7 @@ class PostgresBackend:
         self.schema = schema
 
     async def open(self, session_id: str, *, readonly: bool = False, create: bool = True) -> Any:
-        from context_persistent.pg import PostgresEventLog
+        from context_persistent.storage.pg import PostgresEventLog
 
         return await PostgresEventLog.open(self.dsn, session_id, schema=self.schema, readonly=readonly,
                                            create=create)

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_persistent import codec
-from context_persistent import events as ev
+from context_persistent.model import codec
+from context_persistent.model import events as ev
 from context_persistent.errors import InvalidRecordError
-from context_persistent.projection import Projection, make_key
-from context_persistent.retention import expired_data, fold_after_expiry
+from context_persistent.model.projection import Projection, make_key
+from context_persistent.model.retention import expired_data, fold_after_expiry
 
 SID = "exp"
 
@@ -171,7 +171,7 @@ class _Pager:
         self.gone: set[int] = set()
 
     def fetch(self, ref: int) -> dict[str, Any]:
-        from context_persistent.pages import message_of, split_ref
+        from context_persistent.storage.pages import message_of, split_ref
 
         position, index = split_ref(ref)
         assert position not in self.gone, f"a ref into expired record at {position} was read"

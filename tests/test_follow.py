@@ -16,8 +16,10 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import LogChangedError, LogCorruptedError, PersistentContextManager, codec
-from context_persistent.follow import follow_file
+from context_persistent import LogChangedError, LogCorruptedError, PersistentContextManager
+
+from context_persistent.model import codec
+from context_persistent.storage.follow import follow_file
 
 WAIT = 20  # seconds: a hang guard only, never a speed assertion
 
@@ -215,7 +217,6 @@ async def test_store_follow_defaults_to_after_its_own_head(storage: Path) -> Non
 WRITER = r"""
 import asyncio, os, signal, sys
 from context_persistent import PersistentContextManager
-
 async def main(storage, start, stop, tear):
     # fsync="never": each record is still one write() the follower can see, and a SIGKILL keeps what was
     # written (the page cache survives the process); only the disk's fsync latency is left out of this test.
@@ -261,7 +262,7 @@ async def test_follow_waits_on_a_multi_line_torn_tail(tmp_path) -> None:
     import asyncio
 
     from context_persistent import LogCorruptedError, PersistentContextManager
-    from context_persistent.follow import follow_file
+    from context_persistent.storage.follow import follow_file
 
     async with await PersistentContextManager.open(storage_path=tmp_path, session_id="t") as s:
         await s.add_message({"role": "user", "content": "a"})

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from context_persistent import MalformedInputError, PersistentContextManager, import_
-
 BIG = 123456789012345678901234567890
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from context_persistent import PersistentContextManager, SessionExistsError
-from context_persistent.log import scan
+from context_persistent.storage.log import scan
 
 
 async def _parent(storage: Path) -> PersistentContextManager:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager, UnsupportedFormatError
-from context_persistent import codec
-from context_persistent.paths import LOG_NAME
-from context_persistent.repair import repair, verify
+from context_persistent.model import codec
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.operations.repair import repair, verify
 
 S = "s"
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.codec import decode
+from context_persistent.model.codec import decode
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("amplifier_foundation/session/diagnosis.py", "amplifier_foundation/session/messages.py",

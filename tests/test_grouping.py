@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from context_persistent.grouping import (
+from context_persistent.model.grouping import (
     analyse, group_messages, is_real_user_turn, repair, tool_calls_of, validate_sequence,
 )
 from strategies import conversations

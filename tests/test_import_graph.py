@@ -151,12 +151,12 @@ def test_allowed_cycles_are_current() -> None:
 def test_the_checkpoint_layers_import_downwards_only() -> None:
     """payload <- front <- store <- policy: a layer never imports one after it (the package docstring)."""
     graph = import_graph()
-    order = [f"{PACKAGE}.checkpoint.{m}" for m in ("payload", "front", "store", "policy")]
+    order = [f"{PACKAGE}.storage.checkpoint.{m}" for m in ("payload", "front", "store", "policy")]
     for i, module in enumerate(order):
         later = set(order[i + 1:])
         assert not graph[module] & later, f"{module} imports {sorted(graph[module] & later)}"
-        assert f"{PACKAGE}.checkpoint" not in graph[module]  # (nor the package, which imports them all)
-    assert set(order) <= graph[f"{PACKAGE}.checkpoint"]
+        assert f"{PACKAGE}.storage.checkpoint" not in graph[module]  # (nor the package, which imports them all)
+    assert set(order) <= graph[f"{PACKAGE}.storage.checkpoint"]
 
 
 # -- the graph builder itself, on a small package made for the purpose ------------------------------------

@@ -136,7 +136,6 @@ async def test_concurrent_saves_all_land_in_order(tmp_path: Path) -> None:
 
 async def test_a_second_process_cannot_write_the_same_session(tmp_path: Path) -> None:
     from context_persistent import SessionLockedError
-
     async with PersistentHistoryProvider(tmp_path) as first:
         await first.save_messages("s", [Message(role="user", contents=["x"])])
         async with PersistentHistoryProvider(tmp_path) as second:
@@ -290,7 +289,7 @@ json_values = st.recursive(json_leaves, lambda inner: st.one_of(
 @given(json_values)
 def test_values_the_log_cannot_hold_are_kept(value: Any) -> None:
     """Whatever Message.to_dict can produce (NaN, infinities, big ints, dicts using our tag) comes back equal."""
-    from context_persistent.codec import dumps
+    from context_persistent.model.codec import dumps
     from context_persistent.integrations.agent_framework import _decode_value, _encode_value
 
     encoded = _encode_value(value)

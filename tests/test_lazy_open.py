@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import CHECKPOINT_VERSION, decode
+from context_persistent.storage.checkpoint import CHECKPOINT_VERSION, decode
 from context_persistent.errors import LogCorruptedError
-from context_persistent.log import scan
-from context_persistent.paths import CHECKPOINT_NAME, LOG_NAME
-from context_persistent.projection import Projection
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import CHECKPOINT_NAME, LOG_NAME
+from context_persistent.model.projection import Projection
 
 from strategies import conversations, tool_turns as _turns
 
@@ -337,7 +337,6 @@ async def test_imports_and_forks_of_long_sessions_start_with_a_checkpoint(storag
     """An import or a fork of more than 1 MiB writes the new session's first checkpoint, so even its first
     resume is lazy; a short one writes none (its first close does, when worth it)."""
     from context_persistent import import_
-
     await _long_session(storage, max_tokens=10_000)
     async with await _open(storage, max_tokens=10_000) as store:
         await store.export(tmp_path / "snap.jsonl", format="jsonl")
@@ -353,8 +352,8 @@ async def test_imports_and_forks_of_long_sessions_start_with_a_checkpoint(storag
 
 
 def test_the_projection_knows_the_same_system_roles_as_grouping() -> None:
-    from context_persistent import grouping, projection
-
+    from context_persistent.model import grouping
+    from context_persistent.model import projection
     assert frozenset(projection.SYSTEM_ROLES) == grouping.SYSTEM_ROLES
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from context_persistent import PersistentContextManager, SessionLockedError
 from context_persistent.errors import SessionNotFoundError
-from context_persistent.log import scan
-from context_persistent.paths import LOCK_NAME, LOG_NAME, MAX_SESSION_ID
-from context_persistent.repair import repair
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import LOCK_NAME, LOG_NAME, MAX_SESSION_ID
+from context_persistent.operations.repair import repair
 from conftest import PYTHON
 
 CHILD = Path(__file__).with_name("crash_child.py")

@@ -1,5 +1,5 @@
 """Module boundaries: snapshot never imports the manager at run time; the pg package keeps its log apart from
-its administration and still offers every name from ``context_persistent.pg``."""
+its administration and still offers every name from ``context_persistent.storage.pg``."""
 
 from __future__ import annotations
 
@@ -37,28 +37,28 @@ def _runtime_imports(path: Path) -> set[str]:
 
 
 def test_snapshot_does_not_import_the_manager() -> None:
-    imported = _runtime_imports(PKG / "snapshot.py")
-    assert "context_persistent.manager" not in imported
-    assert "context_persistent.transfer" not in imported  # transfer sits above snapshot and the manager
-    assert "context_persistent.snapshot" in _runtime_imports(PKG / "transfer.py")
+    imported = _runtime_imports(PKG / "transfer" / "snapshot.py")
+    assert "context_persistent.store.manager" not in imported
+    assert "context_persistent.store.importing" not in imported  # transfer sits above snapshot and the manager
+    assert "context_persistent.transfer.snapshot" in _runtime_imports(PKG / "store" / "importing.py")
 
 
 def test_the_pg_log_does_not_import_the_administration() -> None:
     for name in ("log", "schema", "connection", "dsn"):
-        imported = _runtime_imports(PKG / "pg" / f"{name}.py")
-        assert "context_persistent.pg.admin" not in imported, name
-    assert "context_persistent.pg.log" not in _runtime_imports(PKG / "pg" / "admin.py")
+        imported = _runtime_imports(PKG / "storage" / "pg" / f"{name}.py")
+        assert "context_persistent.storage.pg.admin" not in imported, name
+    assert "context_persistent.storage.pg.log" not in _runtime_imports(PKG / "storage" / "pg" / "admin.py")
 
 
 def test_every_pg_name_is_offered_by_the_package() -> None:
-    import context_persistent.pg as pg
+    import context_persistent.storage.pg as pg
 
     for name in ("PostgresEventLog", "PostgresCheckpointStore", "connect", "redact_dsn", "resolve_dsn",
                  "resolve_schema", "init_schema", "status", "list_sessions", "session_bytes", "WRITER_KEEPALIVE",
                  "SCHEMA_VERSION", "ensure_schema", "lock_key", "channel_of", *pg.__all__):
         assert hasattr(pg, name), name
-    assert pg.PostgresEventLog.__module__ == "context_persistent.pg.log"
-    assert pg.init_schema.__module__ == "context_persistent.pg.admin"
+    assert pg.PostgresEventLog.__module__ == "context_persistent.storage.pg.log"
+    assert pg.init_schema.__module__ == "context_persistent.storage.pg.admin"
 
 
 PARTS = ("session", "writer", "appends", "system_prompt", "edits", "erase", "ledger", "request_views", "lifecycle")
@@ -73,14 +73,14 @@ def test_the_store_parts_load_with_the_first_store_not_with_the_import() -> None
             "print(' '.join(m for m in sys.modules if m.startswith('context_persistent.')))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                 cwd=PKG.parent).stdout.split())
-    assert "context_persistent.manager" in loaded
-    assert not loaded & {f"context_persistent.{p}" for p in PARTS}
+    assert "context_persistent.store.manager" in loaded
+    assert not loaded & {f"context_persistent.store.{p}" for p in PARTS}
 
 
 def test_the_store_is_a_facade() -> None:
     """Every method of PersistentContextManager but ``__init__`` (which wires the parts) delegates: a few
     statements each (a dozen at most), its docstring aside; the parts never import the facade at run time."""
-    tree = ast.parse((PKG / "manager.py").read_text())
+    tree = ast.parse((PKG / "store" / "manager.py").read_text())
     store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PersistentContextManager")
     for node in store.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__":
@@ -88,4 +88,4 @@ def test_the_store_is_a_facade() -> None:
             statements = sum(1 for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.stmt))
             assert statements <= 12, f"PersistentContextManager.{node.name} has {statements} statements"
     for part in PARTS:
-        assert "context_persistent.manager" not in _runtime_imports(PKG / f"{part}.py"), part
+        assert "context_persistent.store.manager" not in _runtime_imports(PKG / "store" / f"{part}.py"), part

@@ -11,7 +11,7 @@ import pytest
 from amplifier_core.testing import MockCoordinator
 
 from context_persistent import mount
-from context_persistent.mount import is_validator
+from context_persistent.integrations.amplifier import is_validator
 
 
 class Coordinator:
@@ -108,7 +108,6 @@ VALIDATOR_CHILD = """
 import asyncio, os, sys, pathlib
 from amplifier_core.testing import MockCoordinator
 from context_persistent import mount
-
 async def main():
     c = MockCoordinator()
     cleanup = await mount(c, {"storage_path": sys.argv[1]})

@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent import events as ev
-from context_persistent.checkpoint import Checkpoint, decode, encode, restore, snapshot
-from context_persistent.checkpoint import payload as cppayload
-from context_persistent.projection import Counts, PagedList, Projection, Refs
+from context_persistent.model import events as ev
+from context_persistent.storage.checkpoint import Checkpoint, decode, encode, restore, snapshot
+from context_persistent.storage.checkpoint import payload as cppayload
+from context_persistent.model.projection import Counts, PagedList, Projection, Refs
 
 N = 20_000
 #: Bytes a message the index may take: 3 x 8 packed, plus the arrays' growth margin (lists of Python ints
@@ -205,7 +205,7 @@ async def test_a_replay_caches_only_the_messages_of_the_logs_last_cache_bytes(tm
 
 
 def test_keep_from_makes_put_ignore_older_records(tmp_path: Path) -> None:
-    from context_persistent.pages import MessageReader, make_ref
+    from context_persistent.storage.pages import MessageReader, make_ref
 
     reader = MessageReader(tmp_path)
     reader.keep_from(1000)

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent import events as ev
-from context_persistent.appends import Appends
-from context_persistent.system_prompt import SystemPrompt
+from context_persistent.model import events as ev
+from context_persistent.store.appends import Appends
+from context_persistent.store.system_prompt import SystemPrompt
 from parts import records, started
 
 

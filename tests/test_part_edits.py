@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from context_persistent import events as ev
-from context_persistent.appends import Appends
-from context_persistent.edits import HistoryEdits
-from context_persistent.erase import Eraser
-from context_persistent.system_prompt import SystemPrompt
+from context_persistent.model import events as ev
+from context_persistent.store.appends import Appends
+from context_persistent.store.edits import HistoryEdits
+from context_persistent.store.erase import Eraser
+from context_persistent.store.system_prompt import SystemPrompt
 from parts import records, started
 
 HISTORY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]

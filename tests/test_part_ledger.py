@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from context_persistent import events as ev
-from context_persistent.ledger import LARGE_TEXT, TokenLedger
+from context_persistent.model import events as ev
+from context_persistent.store.ledger import LARGE_TEXT, TokenLedger
 from parts import started
 
 

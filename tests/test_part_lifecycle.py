@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from context_persistent import events as ev
-from context_persistent.appends import Appends
-from context_persistent.lifecycle import Lifecycle
-from context_persistent.system_prompt import SystemPrompt
-from context_persistent.writer import Writer
+from context_persistent.model import events as ev
+from context_persistent.store.appends import Appends
+from context_persistent.store.lifecycle import Lifecycle
+from context_persistent.store.system_prompt import SystemPrompt
+from context_persistent.store.writer import Writer
 from parts import Hooks, open_session, records
 
 

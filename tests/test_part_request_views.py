@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from context_persistent import events as ev
-from context_persistent.ledger import TokenLedger
-from context_persistent.request_views import RequestViews
+from context_persistent.model import events as ev
+from context_persistent.store.ledger import TokenLedger
+from context_persistent.store.request_views import RequestViews
 from parts import Hooks, started
 
 

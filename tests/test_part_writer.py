@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from context_persistent import events as ev
+from context_persistent.model import events as ev
 from context_persistent.errors import LogWriteError
-from context_persistent.writer import Writer
+from context_persistent.store.writer import Writer
 from parts import records, started
 
 MSG = {"role": "user", "content": "hello"}

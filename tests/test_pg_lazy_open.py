@@ -12,9 +12,9 @@ import pytest
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import decode
-from context_persistent.pg.log import PostgresStateSection
-from context_persistent.pg.pages import PostgresMessageReader
+from context_persistent.storage.checkpoint import decode
+from context_persistent.storage.pg.log import PostgresStateSection
+from context_persistent.storage.pg.pages import PostgresMessageReader
 
 from strategies import tool_turns
 

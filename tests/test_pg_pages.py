@@ -13,11 +13,11 @@ import pytest
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager
-from context_persistent.checkpoint import decode
+from context_persistent.storage.checkpoint import decode
 from context_persistent.errors import DatabaseError, RecordCorruptedError, StoreClosedError
-from context_persistent.pg.pages import PostgresMessageReader
-from context_persistent.projection import LazyList, PagedList
-from context_persistent.retention import RetentionPolicy
+from context_persistent.storage.pg.pages import PostgresMessageReader
+from context_persistent.model.projection import LazyList, PagedList
+from context_persistent.model.retention import RetentionPolicy
 
 from strategies import tool_turns
 
@@ -210,7 +210,7 @@ async def test_erasure_clears_the_cache(storage: Path, sid: str, pg_config: dict
 
 async def test_a_reader_of_a_session_moved_to_the_trash_says_so_then_reads_again_once_restored(
         tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
-    from context_persistent.pg.retention import apply_pg, restore_pg
+    from context_persistent.storage.pg.retention import apply_pg, restore_pg
 
     schema = f"cp_pages_{uuid.uuid4().hex[:8]}"
     cfg = {"backend": "postgres", "dsn": pg_dsn, "pg_schema": schema}
@@ -255,7 +255,7 @@ async def test_a_checkpoint_holding_messages_opens_as_refs(storage: Path, sid: s
     refs: the history holds no message after the open either."""
     added = _messages(30)
     with monkeypatch.context() as m:
-        m.setattr("context_persistent.session.pager_for", lambda log, size: None)
+        m.setattr("context_persistent.store.session.pager_for", lambda log, size: None)
         async with await _open(storage, sid, pg_config, checkpoint_every=10) as store:
             await store.add_messages(added)
             assert store._s.pager is None

@@ -14,7 +14,9 @@ import pytest
 import chained
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import PersistentContextManager, codec
+from context_persistent import PersistentContextManager
+
+from context_persistent.model import codec
 from context_persistent.cli import main
 from context_persistent.errors import (
     ConcurrencyError,
@@ -22,7 +24,7 @@ from context_persistent.errors import (
     SessionLockedError,
     UnsupportedFormatError,
 )
-from context_persistent.pg import PostgresEventLog, init_schema, status
+from context_persistent.storage.pg import PostgresEventLog, init_schema, status
 
 
 SID = ""
@@ -323,7 +325,7 @@ async def test_a_corrupt_database_checkpoint_is_ignored_and_removed(pg_config: d
 
 async def test_writer_connection_carries_the_keepalive_settings(pg_dsn: str, pg_schema: str, sid: str) -> None:
     """The writer's connection asks the server for TCP keepalive, which bounds takeover after a machine vanishes."""
-    from context_persistent.pg import WRITER_KEEPALIVE
+    from context_persistent.storage.pg import WRITER_KEEPALIVE
 
     async with await PostgresEventLog.open(pg_dsn, sid, schema=pg_schema) as log:
         rows = await execute(pg_dsn, "SELECT application_name FROM pg_stat_activity WHERE pid = $1", log.backend_pid)

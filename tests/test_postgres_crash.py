@@ -20,7 +20,7 @@ from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager, SessionLockedError
 from context_persistent.errors import DatabaseError
-from context_persistent.pg import PostgresEventLog
+from context_persistent.storage.pg import PostgresEventLog
 
 WORKER = str(Path(__file__).with_name("postgres_worker.py"))
 #: How long a takeover may take after a worker process dies: the server frees the lock as soon as it

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import PersistentContextManager, ReadOnlyError, SessionLockedError, mount
+from context_persistent import PersistentContextManager, ReadOnlyError, SessionLockedError
+
+from context_persistent import mount
 from context_persistent.cli import main
 
 TOOL_CALL = {"role": "assistant", "content": None, "tool_calls": [

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])
 text = st.text(max_size=20)
 content = st.none() | text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)
@@ -37,7 +36,7 @@ async def _run(commands: list, fsync: str) -> None:
     """The model follows docs/resume.md: a set_messages is accepted on a fresh store or after this process's
     clear(), else only as a recognised repair; a system message added at the start of a resumed session
     replaces the leading system messages."""
-    from context_persistent.resume import REPAIR, classify
+    from context_persistent.model.resume import REPAIR, classify
 
     with tempfile.TemporaryDirectory() as d:
         model: list = []

@@ -17,11 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
-from context_persistent import LogCorruptedError, PersistentContextManager, codec, import_
+from context_persistent import LogCorruptedError, PersistentContextManager, import_
+
+from context_persistent.model import codec
 from context_persistent.errors import RecordCorruptedError
-from context_persistent.log import scan
-from context_persistent.paths import LOG_NAME
-from context_persistent.repair import repair, verify
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.operations.repair import repair, verify
 
 N = 8  # messages of session "a"; "b" has one more, so it holds a record with every seq of "a" and the next
 

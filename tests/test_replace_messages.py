@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 
 from context_persistent import PersistentContextManager, ReadOnlyError
-
-
 async def test_replaces_even_after_a_resume_where_set_messages_is_ignored(tmp_path: Path) -> None:
     async with await PersistentContextManager.open(storage_path=tmp_path, session_id="s") as store:
         await store.add_message({"role": "user", "content": "a"})

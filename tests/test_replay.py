@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.codec import decode
-from context_persistent.replay import normalise
+from context_persistent.model.codec import decode
+from context_persistent.model.replay import normalise
 
 from chained import last_crc
 
@@ -118,7 +118,6 @@ async def test_unconfirmed_replay_stays_written(storage: Path) -> None:
 CHILD = """
 import asyncio, os, sys
 from context_persistent import PersistentContextManager
-
 async def main():
     s = await PersistentContextManager.open(storage_path=sys.argv[1], session_id="r", recognise_replay=True)
     await s.add_message({"role": "user", "content": "q1"})
@@ -179,7 +178,7 @@ async def test_pin_unpin_redact_end_recognition(storage: Path) -> None:
 
 async def test_a_fold_that_names_other_messages_is_corruption(storage: Path) -> None:
     """replay_recognised must name the newest messages; anything else is reported, never folded silently."""
-    from context_persistent import codec
+    from context_persistent.model import codec
     from context_persistent.errors import LogCorruptedError
 
     await _seed(storage)
@@ -195,8 +194,7 @@ async def test_a_fold_that_names_other_messages_is_corruption(storage: Path) -> 
 
 async def test_an_earlier_versions_replay_recognised_is_an_audit_record(storage: Path) -> None:
     """Written without keys (by a version that held the replayed messages back), it changes no view."""
-    from context_persistent import codec
-
+    from context_persistent.model import codec
     await _seed(storage)
     path = storage / "r" / "events.jsonl"
     head = len(path.read_bytes().splitlines())

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.codec import decode
+from context_persistent.model.codec import decode
 
 SESSION = "r"
 

@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-
-
 class RecordingHooks:
     def __init__(self, fail: bool = False) -> None:
         self.events: list[tuple[str, dict]] = []
@@ -213,7 +211,7 @@ async def test_export_on_compact_is_bounded(storage: Path) -> None:
 async def test_compaction_is_audited_in_the_log(storage: Path, rebuilds: Any) -> None:
     """A compaction that changes the view appends one `compacted` audit record; the audit does not stop the
     next small append from extending the view."""
-    from context_persistent.codec import decode
+    from context_persistent.model.codec import decode
 
     async with await PersistentContextManager.open(storage_path=storage, session_id="a", max_tokens=600) as s:
         await _seed_contract_example(s)

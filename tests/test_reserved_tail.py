@@ -19,13 +19,15 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import LogCorruptedError, PersistentContextManager, codec
-from context_persistent import log as log_mod
+from context_persistent import LogCorruptedError, PersistentContextManager
+
+from context_persistent.model import codec
+from context_persistent.storage import log as log_mod
 from context_persistent.cli.inspect import _last_ts
-from context_persistent.follow import _Cursor
-from context_persistent.log import RESERVE, RESERVE_MAX, FileEventLog, data_size, scan
-from context_persistent.paths import LOG_NAME
-from context_persistent.repair import TORN_PREFIX, verify
+from context_persistent.storage.follow import _Cursor
+from context_persistent.storage.log import RESERVE, RESERVE_MAX, FileEventLog, data_size, scan
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.operations.repair import TORN_PREFIX, verify
 
 SESSION = "s"
 
@@ -167,7 +169,6 @@ async def test_a_batch_writer_after_a_crashed_always_writer_writes_at_the_data_e
 CHILD = """
 import asyncio, os, sys, time
 from context_persistent import PersistentContextManager
-
 async def main(storage, n):
     store = await PersistentContextManager.open(storage_path=storage, session_id="s", fsync="always",
                                                 reserve_tail=True)

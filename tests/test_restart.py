@@ -9,11 +9,9 @@ import textwrap
 from pathlib import Path
 
 from context_persistent import PersistentContextManager
-
 WRITER = textwrap.dedent("""
     import asyncio, json, sys
     from context_persistent import PersistentContextManager
-
     async def main(storage, mode):
         async with await PersistentContextManager.open(storage_path=storage, session_id="r", fsync=mode) as s:
             for m in json.loads(sys.stdin.read()):

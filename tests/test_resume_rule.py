@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.codec import decode
-from context_persistent.replay import normalise
+from context_persistent.model.codec import decode
+from context_persistent.model.replay import normalise
 
 SYSTEM = {"role": "system", "content": "S"}
 DEV = {"role": "developer", "content": "context files"}

@@ -17,10 +17,10 @@ import pytest
 
 from conftest import PYTHON
 from context_persistent import LedgerError, PersistentContextManager, SessionLockedError, SessionTrashedError
-from context_persistent import trash
-from context_persistent.codec import Links
-from context_persistent.log import scan
-from context_persistent.retention import RetentionPolicy, SessionInfo, plan
+from context_persistent.operations import trash
+from context_persistent.model.codec import Links
+from context_persistent.storage.log import scan
+from context_persistent.model.retention import RetentionPolicy, SessionInfo, plan
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -149,7 +149,7 @@ async def test_trashed_session_does_not_open_and_restore_brings_it_back(storage:
             await PersistentContextManager.open(storage_path=storage, session_id="gone", readonly=readonly)
         assert "gone~1" in str(e.value) and "trash restore gone~1" in str(e.value)
     assert not (storage / "gone").exists()  # the refused open created nothing
-    from context_persistent.transfer import import_
+    from context_persistent.store.importing import import_
 
     src = await PersistentContextManager.open(storage_path=storage, session_id="stays", readonly=True)
     with pytest.raises(SessionTrashedError):  # nor does an import or fork take the id
@@ -271,8 +271,7 @@ async def test_a_corrupt_ledger_record_stops_everything(storage: Path) -> None:
     await _make(storage, "a")
     await _make(storage, "b")
     await trash.apply_file(storage, RetentionPolicy(max_sessions=1))
-    from context_persistent import codec
-
+    from context_persistent.model import codec
     ledger = storage / ".retention" / "events.jsonl"
     last = [rec for rec, _ in scan(ledger)][-1]
     with open(ledger, "ab") as f:
@@ -371,7 +370,7 @@ async def test_a_writer_that_opened_the_folder_just_before_it_was_trashed_does_n
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race: a writer has the session folder open (its descriptor) when retention moves it to the trash;
     after taking the lock it finds the folder gone from its place and refuses, writing nothing in the trash."""
-    import context_persistent.log as log_module
+    import context_persistent.storage.log as log_module
 
     await _make(storage, "racy")
     await _make(storage, "newer")

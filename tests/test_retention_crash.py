@@ -20,8 +20,8 @@ import pytest
 
 from conftest import PYTHON
 from context_persistent import PersistentContextManager
-from context_persistent import trash
-from context_persistent.retention import RetentionPolicy
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
 
 CHILD = Path(__file__).with_name("retention_child.py")
 SESSIONS = [f"s{i}" for i in range(4)]

@@ -20,9 +20,9 @@ from pgfixtures import execute, pg_dsn, run_sql  # noqa: F401
 from conftest import PYTHON
 from context_persistent import PersistentContextManager, SessionTrashedError
 from context_persistent.cli import main
-from context_persistent.codec import Links, decode
-from context_persistent.pg.retention import apply_pg, list_trash_pg, plan_pg, purge_pg, restore_pg
-from context_persistent.retention import RetentionPolicy
+from context_persistent.model.codec import Links, decode
+from context_persistent.storage.pg.retention import apply_pg, list_trash_pg, plan_pg, purge_pg, restore_pg
+from context_persistent.model.retention import RetentionPolicy
 
 CHILD = Path(__file__).with_name("retention_child.py")
 

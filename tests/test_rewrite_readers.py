@@ -19,8 +19,10 @@ import orjson
 import pytest
 
 from conftest import PYTHON
-from context_persistent import PersistentContextManager, erasure, trash
-from context_persistent.retention import RetentionPolicy
+from context_persistent import PersistentContextManager
+from context_persistent.operations import erasure
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
 
 CHILD = Path(__file__).with_name("rewrite_reader_child.py")
 SID = "busy"

@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent import segment_store
-from context_persistent.repair import verify
-from context_persistent.segments import MANIFEST_NAME, SEGMENT_PREFIX, segment_name
+from context_persistent.storage import segment_store
+from context_persistent.operations.repair import verify
+from context_persistent.storage.segments import MANIFEST_NAME, SEGMENT_PREFIX, segment_name
 
 SID = "roll"
 BODY = "x" * 200
@@ -151,7 +151,7 @@ async def test_a_failed_write_leaves_the_running_hash_consistent(storage: Path, 
 
 async def test_compression_runs_in_a_worker_thread_after_the_seal(storage: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import context_persistent.log as log_module
+    import context_persistent.storage.log as log_module
 
     threads: list[str] = []
     real = segment_store.compress_segment

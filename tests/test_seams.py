@@ -12,7 +12,7 @@ from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager
 from context_persistent.cli import main
-from context_persistent.repair import verify
+from context_persistent.operations.repair import verify
 
 AWS = "AKIAIOSFODNN7EXAMPLE"
 
@@ -190,7 +190,7 @@ async def test_tail_describes_the_new_event_types(storage: Path, capsys: pytest.
 
 async def test_erase_never_writes_through_a_link_planted_as_its_temp_file(storage: Path, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import context_persistent.erasure as erasure
+    import context_persistent.operations.erasure as erasure
 
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"not the store's")

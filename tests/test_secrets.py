@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager, import_
-from context_persistent.secret_scan import BUILTIN_PATTERNS, SecretScanner, make_scanner
+from context_persistent.model.secret_scan import BUILTIN_PATTERNS, SecretScanner, make_scanner
 
 #: One sample per built-in kind (made-up values of the real shapes).
 SAMPLES = {

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON
-from context_persistent import PersistentContextManager, trash
-from context_persistent.retention import RetentionPolicy
-from context_persistent.segment_expiry import STEPS
-from context_persistent.segments import load_manifest
+from context_persistent import PersistentContextManager
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
+from context_persistent.operations.segment_expiry import STEPS
+from context_persistent.storage.segments import load_manifest
 
 CHILD = Path(__file__).with_name("segment_expiry_child.py")
 SID = "seg"

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON
-from context_persistent import LogCorruptedError, PersistentContextManager, RecordsExpiredError, trash
-from context_persistent.repair import repair, verify
-from context_persistent.retention import RetentionPolicy, SegmentInfo, SessionInfo, plan, plan_segments
-from context_persistent.segments import LogReader, ManifestError, load_manifest, read_line_at
+from context_persistent import LogCorruptedError, PersistentContextManager, RecordsExpiredError
+from context_persistent.operations import trash
+from context_persistent.operations.repair import repair, verify
+from context_persistent.model.retention import RetentionPolicy, SegmentInfo, SessionInfo, plan, plan_segments
+from context_persistent.storage.segments import LogReader, ManifestError, load_manifest, read_line_at
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -13,10 +13,12 @@ from typing import Any
 import orjson
 import pytest
 
-from context_persistent import PersistentContextManager, codec
+from context_persistent import PersistentContextManager
+
+from context_persistent.model import codec
 from context_persistent.errors import LogCorruptedError
-from context_persistent.repair import verify
-from context_persistent.segments import MANIFEST_NAME, LogReader, ManifestError, read_line_at
+from context_persistent.operations.repair import verify
+from context_persistent.storage.segments import MANIFEST_NAME, LogReader, ManifestError, read_line_at
 
 SID = "seg"
 
@@ -138,8 +140,7 @@ async def test_a_random_read_in_a_compressed_segment_decompresses_one_frame(stor
         await store.add_message({"role": "user", "content": f"m{i} " + "y" * 200})
     store._log.roll()
     await store.close()
-    from context_persistent import segments
-
+    from context_persistent.storage import segments
     calls: list[int] = []
     real = segments.decompress_frame
     monkeypatch.setattr(segments, "decompress_frame", lambda frame, size: calls.append(size) or real(frame, size))
@@ -273,7 +274,7 @@ async def test_follow_reads_across_rolls(storage: Path) -> None:
     import asyncio
     import contextlib
 
-    from context_persistent.follow import follow_file
+    from context_persistent.storage.follow import follow_file
 
     store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
     seen: list[int] = []
@@ -424,7 +425,7 @@ async def test_erase_rewrites_sealed_segments_and_the_active_one(storage: Path, 
     report = verify(folder, SID)
     assert report.ok, report.problems
     assert await _reopen_messages(storage) == messages
-    from context_persistent.erasure import check_receipt
+    from context_persistent.operations.erasure import check_receipt
 
     assert check_receipt(folder, receipt) == []
     out = _cli("verify", SID, "--receipt", str(_write_receipt(storage, receipt)), storage=storage)
@@ -438,7 +439,7 @@ def _write_receipt(storage: Path, receipt: dict[str, Any]) -> Path:
 
 
 async def test_repair_fixes_the_active_segment_and_refuses_to_touch_a_sealed_one(storage: Path) -> None:
-    from context_persistent.repair import repair
+    from context_persistent.operations.repair import repair
 
     messages = await _fill(storage, 60, segment_bytes=4096)
     folder = storage / SID
@@ -557,7 +558,7 @@ async def test_a_follower_continues_across_an_erase_in_a_sealed_segment(storage:
 
 
 def test_segment_options_are_refused_for_postgres() -> None:
-    from context_persistent.config import check_config
+    from context_persistent.store.config import check_config
 
     for key in ("compress_sealed", "roll_on_compaction"):
         with pytest.raises(ValueError, match="apply to the file backend only"):
@@ -610,7 +611,7 @@ async def test_a_reader_of_more_segments_than_the_soft_open_file_limit_raises_it
         await store.close()
     child = (
         "import resource, sys\n"
-        "from context_persistent.segments import LogReader\n"
+        "from context_persistent.storage.segments import LogReader\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (50, hard))\n"
         "with LogReader(sys.argv[1]) as r:\n"

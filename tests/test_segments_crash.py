@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.repair import verify
-from context_persistent.segment_store import CRASH_ENV
-from context_persistent.segments import MANIFEST_NAME
+from context_persistent.operations.repair import verify
+from context_persistent.storage.segment_store import CRASH_ENV
+from context_persistent.storage.segments import MANIFEST_NAME
 
 from conftest import PYTHON, ROOT
 
@@ -186,7 +186,7 @@ async def test_readers_during_rolls_and_compressions_always_see_a_whole_prefix(
         storage: Path, subprocess_env: dict[str, str], compress: bool) -> None:
     """Read-only opens and LogReaders while a writer process rolls (and compresses) every few records: each
     read succeeds and sees a prefix of the history, never a gap or an error."""
-    from context_persistent.segments import LogReader
+    from context_persistent.storage.segments import LogReader
 
     code = ("import asyncio, sys\n"
             "from context_persistent import PersistentContextManager\n"

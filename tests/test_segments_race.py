@@ -11,9 +11,13 @@ from typing import Any
 
 import pytest
 
-from context_persistent import PersistentContextManager, segment_store, segments
-from context_persistent.paths import LOG_NAME
-from context_persistent.segments import LogReader, load_manifest, segment_name
+from context_persistent import PersistentContextManager
+
+from context_persistent.storage import segment_store
+
+from context_persistent.storage import segments
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.storage.segments import LogReader, load_manifest, segment_name
 
 SID = "race"
 BODY = "x" * 150

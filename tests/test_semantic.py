@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager, import_
-from context_persistent.grouping import placeholder_text
-from context_persistent.log import scan
-from context_persistent.paths import LOG_NAME
-from context_persistent.repair import verify
-from context_persistent.semantic import check, repair_semantic
+from context_persistent.model.grouping import placeholder_text
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import LOG_NAME
+from context_persistent.operations.repair import verify
+from context_persistent.operations.semantic import check
+from context_persistent.store.semantic_repair import repair_semantic
 from conftest import PYTHON
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

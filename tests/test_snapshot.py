@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import MalformedInputError, PersistentContextManager, import_
-from context_persistent import snapshot_codec as sc
-from context_persistent.log import scan
-from context_persistent.projection import Projection
-from context_persistent.views import conversation_view, reasoning_view
+from context_persistent.transfer import snapshot_codec as sc
+from context_persistent.storage.log import scan
+from context_persistent.model.projection import Projection
+from context_persistent.model.views import conversation_view, reasoning_view
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "Be terse."},

@@ -12,7 +12,6 @@ import pytest
 from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import PersistentContextManager, SessionExistsError, import_
-
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "reference" / "context-messages.jsonl"
 MESSAGES = [{"role": "system", "content": "sys"}, {"role": "user", "content": "ünïcödé ✓"},
             {"role": "assistant", "content": None,

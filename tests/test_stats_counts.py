@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
-from context_persistent.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME
+from context_persistent.storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME
 
 from strategies import tool_turns
 
@@ -94,8 +94,7 @@ async def test_get_token_count_counts_the_missing_off_the_loop_and_survives_appe
                                                                                     monkeypatch: Any) -> None:
     import asyncio
 
-    from context_persistent import ledger
-
+    from context_persistent.store import ledger
     storage = tmp_path / "store"
     await _uncounted_session(storage, 600)
     runs = []
@@ -140,7 +139,7 @@ def test_cli_stats_finds_the_newest_compaction_record_reading_back_from_the_end(
     import json
 
     from context_persistent.cli import main
-    from context_persistent.log import scan
+    from context_persistent.storage.log import scan
 
     storage = tmp_path / "store"
     asyncio.run(_compacted_session(storage))
@@ -151,7 +150,7 @@ def test_cli_stats_finds_the_newest_compaction_record_reading_back_from_the_end(
     newest = records[-1]
     assert got == {"at_seq": newest["seq"] - 1, "ts": newest["ts"], "seq": newest["seq"], **newest["data"]}
     # The record came from the backward read, which stops at it (not from the forward read of the whole log).
-    from context_persistent.backends import open_log
+    from context_persistent.storage.backends import open_log
     from context_persistent.cli.inspect import _newest_backwards
 
     async def backwards() -> Any:

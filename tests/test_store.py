@@ -15,7 +15,7 @@ from context_persistent import (
     SessionNotFoundError,
     StoreClosedError,
 )
-from context_persistent.codec import decode
+from context_persistent.model.codec import decode
 
 TOOL_CALL = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"p": "a"}'}}]}
@@ -287,7 +287,6 @@ async def test_checksummed_record_with_a_bad_shape_fails_clearly(storage: Path, 
     know, raises LogCorruptedError naming it; it is never skipped."""
     from chained import record_after
     from context_persistent import LogCorruptedError
-
     async with await open_store(storage) as s:
         await s.add_message({"role": "user", "content": "ok"})
     log = storage / "s" / "events.jsonl"

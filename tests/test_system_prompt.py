@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent.codec import decode
+from context_persistent.model.codec import decode
 
 
 def _open(storage: Path, **cfg: Any) -> Any:

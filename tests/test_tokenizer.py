@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from context_persistent import PersistentContextManager
-from context_persistent import tokens as tokens_mod
-from context_persistent.tokens import O200K_SHA256, TokenCounter, load_o200k_ranks, resolve_tokenizer
+from context_persistent.model import tokens as tokens_mod
+from context_persistent.model.tokens import O200K_SHA256, TokenCounter, load_o200k_ranks, resolve_tokenizer
 
 
 @pytest.fixture

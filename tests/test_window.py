@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from context_persistent import PersistentContextManager
-from context_persistent.compaction import CompactionConfig, _request
-from context_persistent.compaction.invariants import check_view
+from context_persistent.model.compaction import CompactionConfig, _request
+from context_persistent.model.compaction.invariants import check_view
 
 from strategies import conversations, tool_turns as _turns
 

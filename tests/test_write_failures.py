@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from context_persistent import ContextPersistentError, LogWriteError, PersistentContextManager
-from context_persistent.log import scan
-from context_persistent.paths import LOG_NAME
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import LOG_NAME
 
 
 def msg(i: int, size: int = 0) -> dict[str, Any]:
@@ -180,7 +180,7 @@ async def test_opening_where_the_log_cannot_be_created_is_a_clear_error(storage:
 async def test_a_failed_checkpoint_write_is_logged_and_never_breaks_the_store(
         storage: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A checkpoint that cannot be written is a warning; appends go on and the next open replays the log."""
-    from context_persistent.checkpoint import FileCheckpointStore
+    from context_persistent.storage.checkpoint import FileCheckpointStore
 
     def full(self: Any, payload: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -79,7 +79,7 @@ def common_parser() -> argparse.ArgumentParser:
 def storage_info(args: argparse.Namespace) -> tuple[str, str]:
     """The storage folder and where the setting came from: ``--storage``, ``$CONTEXT_PERSISTENT_DIR`` or
     ``default``."""
-    from ..mount import ENV_STORAGE, storage_source
+    from ..integrations.amplifier import ENV_STORAGE, storage_source
 
     path, source = storage_source({"storage_path": getattr(args, "storage", None)})
     return str(path), {"config": "--storage", "environment": "$" + ENV_STORAGE}.get(source, source)

@@ -27,7 +27,7 @@ def _print(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> 
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from ..pg import init_schema
+    from ..storage.pg import init_schema
 
     info = asyncio.run(init_schema(args.dsn, args.pg_schema))
     verb = "created" if info["created"] else "already present"
@@ -36,7 +36,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from ..pg import status
+    from ..storage.pg import status
 
     info = asyncio.run(status(args.dsn, args.pg_schema))
     if info["version"] is None:

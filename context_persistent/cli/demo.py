@@ -65,7 +65,7 @@ def _turns() -> list[dict[str, Any]]:
 
 async def _agent(storage: str) -> None:
     """Phase 1: write the first turns, printing ACK <n> after each durable add; never exits by itself."""
-    from ..manager import PersistentContextManager
+    from ..store.manager import PersistentContextManager
 
     store = await PersistentContextManager.open(storage_path=storage, session_id=SESSION)
     for n, message in enumerate(_turns()[:KILL_AFTER + 2], 1):
@@ -76,7 +76,7 @@ async def _agent(storage: str) -> None:
 
 
 async def _resume(storage: str, acked: int) -> None:
-    from ..manager import PersistentContextManager
+    from ..store.manager import PersistentContextManager
 
     async with await PersistentContextManager.open(storage_path=storage, session_id=SESSION) as store:
         history = await store.get_messages()

@@ -16,9 +16,10 @@ from typing import Any
 import orjson
 
 from ..errors import ContextPersistentError, SessionLockedError
-from ..paths import session_dir
-from ..repair import Report, RepairResult, repair, verify
-from ..semantic import SemanticRepair, repair_semantic
+from ..storage.paths import session_dir
+from ..operations.repair import Report, RepairResult, repair, verify
+from ..operations.semantic import SemanticRepair
+from ..store.semantic_repair import repair_semantic
 from . import EXIT_OK, EXIT_PROBLEM, UsageError, require_storage, storage_of
 from .transfer import Progress
 
@@ -129,7 +130,7 @@ def run_verify(args: argparse.Namespace) -> int:
     report = _run(args, "verify", verify, format_report, quiet=receipt is not None and args.json)
     if receipt is None:
         return EXIT_OK if report.ok else EXIT_PROBLEM
-    from ..erasure import check_receipt
+    from ..operations.erasure import check_receipt
 
     if receipt.get("session_id") != args.session:
         raise UsageError(f"the receipt is for session {receipt.get('session_id')!r}, not {args.session!r}")
@@ -138,7 +139,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _load_receipt(path: str) -> dict[str, Any]:
-    from ..erasure import check_receipt_shape
+    from ..operations.erasure import check_receipt_shape
 
     try:
         with open(path, "rb") as f:
@@ -173,7 +174,7 @@ def _receipt_result(args: argparse.Namespace, receipt: dict[str, Any], problems:
 
 
 def _verify_receipt_pg(args: argparse.Namespace, receipt: dict[str, Any]) -> int:
-    from ..manager import PersistentContextManager
+    from ..store.manager import PersistentContextManager
     from . import backend_of
 
     async def check() -> list[str]:
@@ -204,7 +205,7 @@ def format_semantic(r: SemanticRepair) -> str:
 
 
 def _ids(message: dict[str, Any]) -> list[str]:
-    from ..semantic import _answered_ids
+    from ..operations.semantic import _answered_ids
 
     return _answered_ids(message)
 
@@ -232,8 +233,8 @@ def run_repair(args: argparse.Namespace) -> int:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from ..log import SEGMENT_BYTES
-    from ..segment_store import migrate
+    from ..storage.log import SEGMENT_BYTES
+    from ..storage.segment_store import migrate
 
     directory = _directory(args)
     size = SEGMENT_BYTES if args.segment_bytes is None else args.segment_bytes

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from ..errors import ContextPersistentError, SessionLockedError, SessionNotFoundError
-from ..paths import FILE_MODE, session_dir
-from ..segments import has_log
+from ..storage.paths import FILE_MODE, session_dir
+from ..storage.segments import has_log
 from . import backend_of, require_storage
 from .inspect import _parser, _run, _seq, print_json
 
@@ -63,7 +63,7 @@ def format_receipt(r: dict[str, Any]) -> str:
 
 
 async def _erase(args: argparse.Namespace) -> int:
-    from ..manager import PersistentContextManager
+    from ..store.manager import PersistentContextManager
 
     backend: dict[str, Any] = dict(backend_of(args))
     storage = require_storage(args)

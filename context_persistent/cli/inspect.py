@@ -114,7 +114,7 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
 
 
 async def _open(args: argparse.Namespace, session: str) -> Any:
-    from ..manager import PersistentContextManager
+    from ..store.manager import PersistentContextManager
 
     return await PersistentContextManager.open(storage_path=require_storage(args), session_id=session,
                                                readonly=True, **backend_of(args))
@@ -123,8 +123,8 @@ async def _open(args: argparse.Namespace, session: str) -> Any:
 # -- ls ---------------------------------------------------------------------------------------------
 def _last_ts(log_path: Path) -> str | None:
     """The timestamp of the last complete record (read from the file's end; no full scan)."""
-    from .. import codec
-    from ..log import data_end
+    from ..model import codec
+    from ..storage.log import data_end
 
     try:
         with open(log_path, "rb") as f:
@@ -140,7 +140,7 @@ def _last_ts(log_path: Path) -> str | None:
         except (ValueError, KeyError):
             continue
     if size == 0:  # an active segment just started: the last record ends the last sealed segment
-        from ..segments import LogReader
+        from ..storage.segments import LogReader
 
         try:
             with LogReader(log_path.parent) as reader:
@@ -161,21 +161,21 @@ def _iso(value: Any) -> str | None:
 
 
 async def _ls(args: argparse.Namespace) -> int:
-    from ..paths import LOG_NAME
+    from ..storage.paths import LOG_NAME
 
     rows: list[dict[str, Any]] = []
     problem = False
     ids: list[tuple[str, Path | None]]
     updated: dict[str, Any] = {}
     if backend_of(args):
-        from .. import pg
+        from ..storage import pg
 
         listed = await pg.list_sessions(args.dsn, backend_of(args).get("pg_schema"))
         ids = [(r["session_id"], None) for r in listed]
         updated = {r["session_id"]: r.get("updated_at") for r in listed}
     else:
         root = Path(require_storage(args))
-        from ..segments import has_log
+        from ..storage.segments import has_log
 
         ids = sorted((d.name, d / LOG_NAME) for d in root.iterdir()
                      if not d.name.startswith(".") and has_log(d))
@@ -208,7 +208,7 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
     """What the command reads and where that setting came from (a redacted DSN and schema with --dsn)."""
     backend = backend_of(args)
     if backend:
-        from ..pg import redact_dsn, resolve_schema
+        from ..storage.pg import redact_dsn, resolve_schema
 
         return f"{redact_dsn(args.dsn)} schema {resolve_schema(backend.get('pg_schema'))}", "--dsn"
     return storage_info(args)
@@ -216,7 +216,7 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
 
 # -- where ------------------------------------------------------------------------------------------
 async def _where_cmd(args: argparse.Namespace) -> int:
-    from ..segments import has_log
+    from ..storage.segments import has_log
 
     where, source = _where(args)
     info: dict[str, Any] = {"storage": where, "source": source,
@@ -242,8 +242,8 @@ async def _where_cmd(args: argparse.Namespace) -> int:
 async def _request_view(store: Any, budget: int | None) -> tuple[list[dict[str, Any]], list[int | None]]:
     """The request view and its messages' seqs (snapshot.request_sources: read from the history messages the
     view can hold; the seq of a message is in its key)."""
-    from ..projection import split_key
-    from ..snapshot import request_sources
+    from ..model.projection import split_key
+    from ..transfer.snapshot import request_sources
 
     messages = await store.get_messages_for_request(token_budget=budget)
     keys = store._state.keys
@@ -252,9 +252,9 @@ async def _request_view(store: Any, budget: int | None) -> tuple[list[dict[str, 
 
 async def _streamed(store: Any, view: str) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
     """(message, seq) for each message of ``view`` (full, conversation or reasoning), one at a time."""
-    from ..projection import split_key
-    from ..snapshot import history_messages
-    from ..views import REASONING_ROLES, text_only
+    from ..model.projection import split_key
+    from ..transfer.snapshot import history_messages
+    from ..model.views import REASONING_ROLES, text_only
 
     keys = store._full().keys
     i = -1
@@ -335,7 +335,7 @@ async def _show_json(fixed: dict[str, Any], pairs: Any) -> None:
     """The JSON of ``show``, written as it goes: the messages, then their seqs (kept as 8-byte integers)."""
     from array import array
 
-    from ..snapshot_codec import JsonWriter
+    from ..transfer.snapshot_codec import JsonWriter
 
     writer = JsonWriter(fixed, "messages")
     seqs = array("q")
@@ -362,7 +362,7 @@ async def _skip(items: AsyncGenerator[Any, None], n: int) -> AsyncGenerator[Any,
 
 async def _last(store: Any, total: int, first: int) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
     """The full view's messages from index ``first`` (a lazily opened store serves them from what it holds)."""
-    from ..projection import split_key
+    from ..model.projection import split_key
 
     keys = store._state.keys
     for offset, m in enumerate(await store.get_messages(last=total - first)):
@@ -376,7 +376,7 @@ async def _last_compaction(store: Any) -> dict[str, Any] | None:
     kinds = [k for k in store.stats()["events"] if "compact" in k]
     if not kinds:
         return None
-    from ..backends import open_log
+    from ..storage.backends import open_log
 
     last = None
     log = await open_log(store.storage_path, store.session_id, store.config, readonly=True)
@@ -399,8 +399,8 @@ def _newest_backwards(log: Any, kinds: list[str]) -> dict[str, Any] | None:
     """The newest record of a type in ``kinds``, read from the end of a file log backwards (the one a
     session's stats look for is usually among its last records); None when the log is not a file log,
     holds none, or a line on the way fails to decode (the caller then reads forwards, which reports it)."""
-    from .. import codec
-    from ..log import FileEventLog
+    from ..model import codec
+    from ..storage.log import FileEventLog
 
     if not isinstance(log, FileEventLog) or not isinstance(log.position, int):
         return None
@@ -434,8 +434,8 @@ def _describe_compaction(d: dict[str, Any]) -> str:
 
 
 async def _stats(args: argparse.Namespace) -> int:
-    from ..snapshot import history_messages
-    from ..views import REASONING_ROLES, text_only
+    from ..transfer.snapshot import history_messages
+    from ..model.views import REASONING_ROLES, text_only
 
     async with await _open(args, args.session) as store:
         count = store._counter.count_message
@@ -465,7 +465,7 @@ async def _stats(args: argparse.Namespace) -> int:
         session = dict(store._state.session)
         st = store.stats()  # after the request view: its last_compaction is that view's, if it compacted
     if st["bytes"] is None and backend_of(args):  # PostgreSQL: the bytes of the session's records
-        from ..pg import session_bytes
+        from ..storage.pg import session_bytes
 
         st["bytes"] = await session_bytes(args.dsn, backend_of(args).get("pg_schema"), args.session)
     # Everything store.stats() returns, as it returns it, then what only the command line adds.
@@ -546,8 +546,8 @@ def _print_record(rec: dict[str, Any], as_json: bool, on: bool) -> None:
 
 async def _tail(args: argparse.Namespace) -> int:
     from ..errors import SessionNotFoundError
-    from ..backends import open_log
-    from ..manager import PersistentContextManager
+    from ..storage.backends import open_log
+    from ..store.manager import PersistentContextManager
 
     if args.lines < 0:
         raise UsageError("-n must be >= 0")
@@ -599,7 +599,7 @@ def _tail_anchor(log: Any, after: int | None, lines: int) -> tuple[int, int | No
     its last ``lines`` records, found without reading what comes before (segments.py, ``LogReader.anchor_for``
     and ``anchor_before_last``); ``(0, None)``: read from the start. A database log reads after ``after`` by
     itself; its seqs have no gaps, so its last ``lines`` records follow seq ``last_seq - lines``."""
-    from ..log import FileEventLog
+    from ..storage.log import FileEventLog
 
     if not isinstance(log, FileEventLog):
         if after is None and type(log).__name__ == "PostgresEventLog":
@@ -616,8 +616,8 @@ async def _follow(args: argparse.Namespace, log: Any, after: int, on: bool, cfg:
     elif backend_of(args):
         stream = _created_then_followed(args, cfg, after)
     else:
-        from ..follow import follow_file
-        from ..paths import LOG_NAME, session_dir
+        from ..storage.follow import follow_file
+        from ..storage.paths import LOG_NAME, session_dir
 
         stream = follow_file(session_dir(storage_of(args), args.session) / LOG_NAME, after)
     try:
@@ -634,7 +634,7 @@ async def _created_then_followed(args: argparse.Namespace, cfg: dict[str, Any], 
                                  ) -> AsyncGenerator[dict[str, Any], None]:
     """A database session that does not exist yet: open it once it does (polled), then follow it."""
     from ..errors import SessionNotFoundError
-    from ..backends import open_log
+    from ..storage.backends import open_log
 
     while True:
         try:

@@ -8,7 +8,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from ..retention import POLICY_KEYS, RetentionPolicy
+from ..model.retention import POLICY_KEYS, RetentionPolicy
 from . import backend_of, require_storage
 from .inspect import print_json
 
@@ -61,10 +61,10 @@ async def _plan(args: argparse.Namespace) -> dict[str, Any]:
     policy = _policy(args)
     backend = _pg(args)
     if backend:
-        from ..pg.retention import plan_pg
+        from ..storage.pg.retention import plan_pg
 
         return (await plan_pg(backend["dsn"], backend.get("pg_schema"), policy)).as_dict()
-    from ..trash import plan_file
+    from ..operations.trash import plan_file
 
     return (await plan_file(require_storage(args), policy)).as_dict()
 
@@ -82,10 +82,10 @@ async def _apply(args: argparse.Namespace) -> dict[str, Any]:
     policy = _policy(args)
     backend = _pg(args)
     if backend:
-        from ..pg.retention import apply_pg
+        from ..storage.pg.retention import apply_pg
 
         return await apply_pg(backend["dsn"], backend.get("pg_schema"), policy)
-    from ..trash import apply_file
+    from ..operations.trash import apply_file
 
     return await apply_file(require_storage(args), policy)
 
@@ -119,10 +119,10 @@ def run_apply(args: argparse.Namespace) -> int:
 async def _list(args: argparse.Namespace) -> list[dict[str, Any]]:
     backend = _pg(args)
     if backend:
-        from ..pg.retention import list_trash_pg
+        from ..storage.pg.retention import list_trash_pg
 
         return await list_trash_pg(backend["dsn"], backend.get("pg_schema"), all_entries=args.all)
-    from ..trash import list_trash
+    from ..operations.trash import list_trash
 
     return await list_trash(require_storage(args), all_entries=args.all)
 
@@ -146,10 +146,10 @@ def run_list(args: argparse.Namespace) -> int:
 async def _restore(args: argparse.Namespace) -> dict[str, Any]:
     backend = _pg(args)
     if backend:
-        from ..pg.retention import restore_pg
+        from ..storage.pg.retention import restore_pg
 
         return await restore_pg(backend["dsn"], backend.get("pg_schema"), args.entry)
-    from ..trash import restore
+    from ..operations.trash import restore
 
     return await restore(require_storage(args), args.entry)
 
@@ -167,10 +167,10 @@ async def _purge(args: argparse.Namespace) -> dict[str, Any]:
     backend = _pg(args)
     names = args.entries or None
     if backend:
-        from ..pg.retention import purge_pg
+        from ..storage.pg.retention import purge_pg
 
         return await purge_pg(backend["dsn"], backend.get("pg_schema"), names, force=args.force, reason=args.reason)
-    from ..trash import purge
+    from ..operations.trash import purge
 
     return await purge(require_storage(args), names, force=args.force, reason=args.reason)
 

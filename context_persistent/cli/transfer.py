@@ -52,7 +52,7 @@ class Progress:
 
 
 def _format_of(path: str, given: str | None) -> str:
-    from ..snapshot_codec import format_for_path
+    from ..transfer.snapshot_codec import format_for_path
 
     return given or format_for_path(path)
 
@@ -96,7 +96,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 # -- import -----------------------------------------------------------------------------------------
 async def _import(args: argparse.Namespace) -> int:
-    from ..transfer import import_
+    from ..store.importing import import_
 
     system = args.system
     if system is not None and system.startswith("@"):

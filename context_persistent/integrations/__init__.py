@@ -1,5 +1,9 @@
-"""Adapters that give other agent frameworks this store behind their own interfaces.
+"""The hosts: the store behind other programs' interfaces.
 
-Each lives in its own module and is imported only when used (``openai_agents``, ``agent_framework`` and
-``autogen`` need the extras of the same names); importing this package imports no framework.
+What it holds: ``amplifier`` (the Amplifier ``context`` module: ``mount(coordinator, config)``, entry point
+``context-persistent``) and the adapters for other agent frameworks, each in its own module and imported only
+when used (``openai_agents``, ``agent_framework`` and ``autogen`` need the extras of the same names);
+importing this package imports no framework.
+
+May import: ``store`` and everything below it. Never ``cli``. Checked by import-linter (``.importlinter``).
 """

@@ -40,10 +40,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "pip install 'context-persistent[agent-framework]'"
     ) from e
 
-from ..events import ROLES
-from ..manager import PersistentContextManager
-from ..paths import MAX_SESSION_ID, make_private_dirs, validate_session_id
-from ..segments import has_log
+from ..model.events import ROLES
+from ..store.manager import PersistentContextManager
+from ..storage.paths import MAX_SESSION_ID, make_private_dirs, validate_session_id
+from ..storage.segments import has_log
 
 __all__ = ["PersistentHistoryProvider", "decode_message", "encode_message", "store_session_id"]
 

@@ -64,7 +64,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from pydantic import BaseModel
 
-from ..manager import PersistentContextManager
+from ..store.manager import PersistentContextManager
 
 __all__ = [
     "Buffered",

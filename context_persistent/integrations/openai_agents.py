@@ -35,9 +35,9 @@ from typing import Any, TypeVar
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
 from ..errors import StoreClosedError
-from ..events import ROLES
-from ..manager import PersistentContextManager
-from ..paths import validate_session_id
+from ..model.events import ROLES
+from ..store.manager import PersistentContextManager
+from ..storage.paths import validate_session_id
 
 __all__ = ["ITEM_KEY", "PersistentSession", "item_from_message", "message_from_item"]
 

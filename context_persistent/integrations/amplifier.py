@@ -1,0 +1,114 @@
+"""The Amplifier entry point: ``mount(coordinator, config)``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..store.config import KNOWN_KEYS
+from ..store.manager import PersistentContextManager
+
+logger = logging.getLogger("context_persistent")
+
+ENV_STORAGE = "CONTEXT_PERSISTENT_DIR"
+#: The storage folder when neither the config nor the environment names one: one place per user, whatever the
+#: working directory (docs/configuration.md, "Where sessions are stored").
+DEFAULT_STORAGE = Path("~") / ".amplifier" / "context"
+#: Events this module emits, registered with ``observability.events``.
+OBSERVABLE_EVENTS = [
+    "context:pre_compact",
+    "context:post_compact",
+    "context:compaction",
+    "context:recovered",
+    "context:transcript_ignored",
+]
+
+
+def is_validator(coordinator: Any) -> bool:
+    """Whether ``coordinator`` is Amplifier's test coordinator (``amplifier_core.testing.MockCoordinator``).
+
+    The kernel's module validator and its pytest plugin mount a module with one (session id
+    ``test-session``, empty config); a real session never does. Recognised by class, not by session id, so a
+    real session that happens to be called ``test-session`` is stored as usual.
+    """
+    return any(c.__name__ == "MockCoordinator" and c.__module__ == "amplifier_core.testing"
+               for c in type(coordinator).__mro__)
+
+
+def storage_from(config: dict[str, Any]) -> Path:
+    """``config["storage_path"]`` > ``$CONTEXT_PERSISTENT_DIR`` > ``~/.amplifier/context``."""
+    return storage_source(config)[0]
+
+
+def storage_source(config: dict[str, Any]) -> tuple[Path, str]:
+    """The storage folder and where it came from: ``"config"`` (``storage_path``), ``"environment"``
+    (``$CONTEXT_PERSISTENT_DIR``) or ``"default"`` (``~/.amplifier/context``)."""
+    if config.get("storage_path"):
+        return Path(config["storage_path"]).expanduser(), "config"
+    if os.environ.get(ENV_STORAGE):
+        return Path(os.environ[ENV_STORAGE]).expanduser(), "environment"
+    return DEFAULT_STORAGE.expanduser(), "default"
+
+
+async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
+    """Open the session's store and mount it at ``"context"`` of ``coordinator``; returns the cleanup
+    coroutine function that closes it.
+
+    ``config`` is the mount plan's ``context.config`` (docs/configuration.md): the storage folder is
+    ``storage_path``, else ``$CONTEXT_PERSISTENT_DIR``, else ``~/.amplifier/context``; the session id is
+    ``session_id``, else ``coordinator.session_id``. Unknown keys are ignored with a warning. Raises
+    ValueError without a session id or for a bad value, and whatever ``PersistentContextManager.open``
+    raises (SessionLockedError, LogCorruptedError, ...).
+    """
+    config = dict(config or {})
+    session_id = config.pop("session_id", None) or getattr(coordinator, "session_id", None)
+    if not session_id:
+        raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
+    ephemeral: Path | None = None
+    if is_validator(coordinator):
+        # A validator run is not a session: give it a private store that the cleanup deletes, so it leaves
+        # nothing in the configured storage and takes no lock another process could collide with.
+        ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
+        for key in ("backend", "dsn", "pg_schema"):
+            config.pop(key, None)
+        logger.info("context-persistent: mounted by amplifier_core's test coordinator; using the ephemeral "
+                    "store %s (deleted at cleanup)", ephemeral)
+    storage = ephemeral or storage_from(config)
+    config.pop("storage_path", None)
+    # The host can replay a sub-session's transcript through add_message (docs/resume.md): recognise it here.
+    config.setdefault("recognise_replay", True)
+    for key in sorted(set(config) - KNOWN_KEYS):
+        logger.warning("context-persistent: ignoring unknown config key %r (known: %s)", key,
+                       ", ".join(sorted(KNOWN_KEYS)))
+        config.pop(key)
+    try:
+        store = await PersistentContextManager.open(
+            storage_path=storage, session_id=str(session_id), hooks=getattr(coordinator, "hooks", None), **config
+        )
+    except BaseException:
+        if ephemeral is not None:
+            shutil.rmtree(ephemeral, ignore_errors=True)
+        raise
+    try:
+        await coordinator.mount("context", store)
+        register = getattr(coordinator, "register_contributor", None)
+        if callable(register):
+            register("observability.events", "context-persistent", lambda: list(OBSERVABLE_EVENTS))
+    except BaseException:
+        await store.close()
+        if ephemeral is not None:
+            shutil.rmtree(ephemeral, ignore_errors=True)
+        raise
+
+    async def cleanup() -> None:
+        try:
+            await store.close()
+        finally:
+            if ephemeral is not None:
+                shutil.rmtree(ephemeral, ignore_errors=True)
+
+    return cleanup

@@ -1,0 +1,275 @@
+"""Messages read from the log on demand (I/O): the history keeps a *reference* per message, not its contents.
+
+A reference (``ref``) is an int: ``position << 20 | index``, the byte position of the record that holds the
+message in the log and the message's index inside it (0 for ``message_added``; the list position for
+``messages_replaced``, ``system_prompt_set`` and their erasure tombstones, as in the message's key). A
+:class:`MessageReader` turns a ref back into the message: it reads that one line (``log.read_line_at``), verifies
+its checksum, picks the item and keeps it in a small cache of parsed messages, bounded in bytes (least recently
+used first out). Erasure rewrites records in place (same length, same position) and then rebuilds the history;
+:meth:`MessageReader.clear` drops what the cache holds. The cache and the checks are :class:`PageCache`, which
+the PostgreSQL reader (pg/pages.py, where a ref is the message's key) shares. docs/architecture.md, "Bounded
+memory".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .paths import LOG_NAME
+
+from ..model import codec
+from ..model import events as ev
+from ..errors import LogCorruptedError
+from .segments import LogReader
+
+REF_INDEX_BITS = 20
+_INDEX_MASK = (1 << REF_INDEX_BITS) - 1
+#: Default bound of the cache of parsed messages: the JSON bytes of the messages it holds.
+CACHE_BYTES = 32 << 20
+#: The most log bytes one sequential read of :meth:`MessageReader.fetch_many` spans.
+RUN_BYTES = 8 << 20
+
+
+def make_ref(position: int, index: int = 0) -> int:
+    return (position << REF_INDEX_BITS) | index
+
+
+def split_ref(ref: int) -> tuple[int, int]:
+    return ref >> REF_INDEX_BITS, ref & _INDEX_MASK
+
+
+def message_of(rec: dict[str, Any], index: int) -> Any:
+    """The message at ``index`` of a record that holds messages, else None."""
+    data = rec.get("data")
+    if not isinstance(data, dict):
+        return None
+    if rec.get("type") == "message_added":
+        return data.get("message") if index == 0 else None
+    expired = ev.expired_of(rec)
+    if expired is not None:  # a message it carries: ``carried[index]`` (segment retention; null once erased)
+        carried = expired.get("carried")
+        if isinstance(carried, list) and 0 <= index < len(carried) and isinstance(carried[index], dict):
+            return carried[index].get("message")
+        return None
+    items = data.get("messages")
+    if isinstance(items, list) and 0 <= index < len(items):
+        return items[index]
+    return None
+
+
+class PageCache(ABC):
+    """What every pager shares: the LRU cache of parsed messages by ref, at most ``cache_bytes`` (the JSON bytes
+    of the messages it holds), and what it does with a record it read for a ref: verify it (``codec.decode``),
+    pick the message the ref names (LogCorruptedError if there is none: nothing is skipped silently) and keep
+    it. A subclass reads records: ``_line(at)`` (the record a ref's upper part names) and ``_broken(at, why)``
+    (the error naming where it is); ``fetch_many`` reads what the cache does not hold, in runs.
+
+    ``reads`` counts records read and ``hits`` refs served from the cache (tests and benchmarks use them to
+    check that a path reads only what it needs).
+    """
+
+    def __init__(self, cache_bytes: int) -> None:
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self._held = 0
+        #: Refs below it are not kept by :meth:`put` (:meth:`keep_from`).
+        self._floor = 0
+        self.reads = 0
+        self.hits = 0
+
+    @abstractmethod
+    def _line(self, at: int) -> bytes:
+        """The record that refs with upper part ``at`` name (a byte position, or a seq on PostgreSQL)."""
+
+    @abstractmethod
+    def _broken(self, at: int, reason: str) -> LogCorruptedError:
+        """The error for the record at ``at``, naming where it is."""
+
+    def fetch(self, ref: int) -> dict[str, Any]:
+        """The message ``ref`` names; LogCorruptedError if the log does not hold a valid record with that
+        message there (nothing is skipped silently)."""
+        cache = self._cache
+        hit = cache.get(ref)
+        if hit is not None:
+            cache.move_to_end(ref)
+            self.hits += 1
+            return hit[0]  # type: ignore[no-any-return]
+        at, index = split_ref(ref)
+        line = self._line(at)
+        rec = self._record(at, line)
+        message = self._message(at, rec, index)
+        data = rec["data"]
+        if isinstance(data.get("messages"), list) and len(data["messages"]) > 1:
+            # A record of several messages: keep its others too (reading one usually means reading its neighbours).
+            share = max(1, len(line) // len(data["messages"]))
+            for i, m in enumerate(data["messages"]):
+                if i != index and type(m) is dict:
+                    self.put(make_ref(at, i), m, share)
+            self.put(ref, message, share)
+        else:
+            self.put(ref, message, len(line))
+        return message
+
+    def _record(self, at: int, line: bytes) -> dict[str, Any]:
+        """The record ``line`` (read for refs at ``at``), verified."""
+        self.reads += 1
+        try:
+            return codec.decode(line)
+        except codec.RecordError as e:
+            raise self._broken(at, f"the record a message of the history refers to fails verification: {e}"
+                               ) from None
+
+    def _message(self, at: int, rec: dict[str, Any], index: int) -> dict[str, Any]:
+        message = message_of(rec, index)
+        if type(message) is not dict:
+            raise self._broken(at, f"the record (seq {rec.get('seq')}, {rec.get('type')}) holds no message at "
+                               f"index {index}, which the history refers to")
+        return message
+
+    def _uncached(self, refs: list[int]) -> tuple[list[Any], dict[int, list[int]]]:
+        """``refs`` served from the cache (None where it misses) and the misses: ``{ref >> 20: [their places]}``."""
+        out: list[Any] = [None] * len(refs)
+        want: dict[int, list[int]] = {}
+        cache = self._cache
+        for k, ref in enumerate(refs):
+            hit = cache.get(ref)
+            if hit is not None:
+                self.hits += 1
+                out[k] = hit[0]
+            else:
+                want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+        return out, want
+
+    def keep_from(self, position: int) -> None:
+        """From now on :meth:`put` ignores the messages of records before ``position`` (0: keeps all again).
+
+        For a replay of the whole log: it puts every message in log order, and only those of about its last
+        ``cache_bytes`` would still be in the cache at its end; the others would be put only to be evicted."""
+        self._floor = position << REF_INDEX_BITS
+
+    def put(self, ref: int, message: dict[str, Any], size: int) -> None:
+        """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
+        if ref < self._floor:
+            return
+        cache = self._cache
+        old = cache.pop(ref, None)
+        if old is not None:
+            self._held -= old[1]
+        if size > self.cache_bytes:
+            return
+        cache[ref] = (message, size)
+        self._held += size
+        while self._held > self.cache_bytes:
+            _, (_, n) = cache.popitem(last=False)
+            self._held -= n
+
+    def clear(self) -> None:
+        """Forget everything read (after records were rewritten: erasure)."""
+        self._cache.clear()
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+class MessageReader(PageCache):
+    """Reads messages by ref from one session's log (its folder ``directory``), through an LRU cache of at most
+    ``cache_bytes``. Lines are read through a :class:`~context_persistent.storage.segments.LogReader` kept open (global
+    positions across sealed segments); it is opened again when a position lies beyond what it saw (a roll since)
+    and by :meth:`clear`. :meth:`close` releases it.
+    """
+
+    def __init__(self, directory: Path, cache_bytes: int = CACHE_BYTES,
+                 open_reader: Callable[[], LogReader] | None = None) -> None:
+        super().__init__(cache_bytes)
+        #: Opens the reader first (a read-only log's own files: log.FileEventLog.reader); a position beyond
+        #: what it holds is looked for again in the log as it is now.
+        self._open_reader = open_reader
+        self.directory = directory
+        self.path = directory / LOG_NAME
+        self._reader: LogReader | None = None
+
+    def _broken(self, at: int, reason: str) -> LogCorruptedError:
+        return LogCorruptedError(str(self.path), 0, at, reason)
+
+    def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
+        """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
+        read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
+        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
+        cache (a pass over the whole history would evict what the request view reads)."""
+        out, want = self._uncached(refs)
+        if want:
+            positions = sorted(want)
+            i = 0
+            while i < len(positions):
+                j = i
+                while j + 1 < len(positions) and positions[j + 1] - positions[i] <= RUN_BYTES:
+                    j += 1
+                self._read_run(positions[i:j + 1], want, refs, out)
+                i = j + 1
+        return out
+
+    def _read_run(self, positions: list[int], want: dict[int, list[int]], refs: list[int], out: list[Any]) -> None:
+        done = set()
+        if self._reader is None:
+            self._reader = self._open(0)
+        lines = self._reader.lines(positions[0], positions[-1] + 1)
+        while True:
+            try:
+                at, line = next(lines)
+            except StopIteration:
+                break
+            except (ValueError, LogCorruptedError):
+                break  # (the reader predates a roll: what is left is read one by one below, which reopens it)
+            ks = want.get(at)
+            if ks is None or not line.endswith(b"\n"):
+                continue
+            rec = self._record(at, line)
+            for k in ks:
+                out[k] = self._message(at, rec, refs[k] & _INDEX_MASK)
+            done.add(at)
+        for p in positions:
+            if p not in done:
+                for k in want[p]:
+                    out[k] = self.fetch(refs[k])
+
+    def _open(self, attempt: int) -> LogReader:
+        if self._open_reader is not None and not attempt:
+            return self._open_reader()
+        return LogReader(self.directory)
+
+    def _line(self, position: int) -> bytes:
+        """The line at global ``position``: through the open reader, opened again once if the position is
+        beyond what it saw; LogCorruptedError if no complete line starts there."""
+        for attempt in (0, 1):
+            if self._reader is None:
+                self._reader = self._open(attempt)
+            try:
+                line = self._reader.read_line_at(position)
+            except (ValueError, LogCorruptedError) as e:  # (past what the reader saw: opened before a roll?)
+                line, why = b"", e.reason if isinstance(e, LogCorruptedError) else str(e)
+            else:
+                why = "the log ends before its newline"
+                if line.endswith(b"\n"):
+                    return line
+            self._reader.close()
+            self._reader = None
+            if attempt:
+                raise LogCorruptedError(str(self.path), 0, position, f"no complete record starts at this byte, which "
+                                        f"a message of the history refers to: {why}")
+        raise AssertionError("unreachable")
+
+    def clear(self) -> None:
+        """Forget everything read (after the log was rewritten: erasure)."""
+        super().clear()
+        self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

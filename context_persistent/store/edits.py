@@ -1,0 +1,162 @@
+"""Edits of the history: replacing it (under the resume rule, docs/resume.md), clearing it, and marking
+messages (pin, unpin, redact). Each is one event; the log keeps every earlier record."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..model import codec
+from ..model import events as ev
+from .appends import Appends
+from ..storage.log import FileEventLog
+from ..model.projection import MAX_BATCH, make_key, split_key
+from .session import EVENT_SECRET_REDACTED, EVENT_TRANSCRIPT_IGNORED, Session
+from .writer import Writer
+
+if TYPE_CHECKING:
+    from .manager import PersistentContextManager
+
+logger = logging.getLogger("context_persistent")
+
+
+def _array(parts: list[bytes]) -> bytes:
+    return b"[" + b",".join(parts) + b"]"
+
+
+class HistoryEdits:
+    """set_messages, replace_messages, clear, pin, unpin and redact for one session.
+
+    ``store`` is the store these edits belong to, for the functions that take one (snapshot.py).
+    """
+
+    def __init__(self, session: Session, writer: Writer, appends: Appends, store: PersistentContextManager) -> None:
+        self._s = session
+        self._writer = writer
+        self._appends = appends
+        self._store = store
+
+    async def set_messages(self, messages: list[dict[str, Any]], reason: str | None) -> None:
+        s = self._s
+        s.check_writable()
+        parts = ev.validate_messages(messages)
+        if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+            raise ValueError(f"reason must be a non-empty string saying why the history is replaced, got {reason!r}")
+        self._appends.end_replay()
+        if len(parts) >= MAX_BATCH:
+            raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        parts, secrets = self._redact_all(messages, parts)
+        payload = _array(parts)
+        if s.loaded_from_file and s.config["resume_rule"] == "strict":
+            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+                               "which is authoritative")
+            return
+        if not s.loaded_from_file or s.cleared_here:
+            why = reason or ("after clear() in this process" if s.cleared_here else None)
+            await self._replace(payload, why, secrets)
+            return
+        if reason is not None:
+            await self._replace(payload, reason, secrets)
+            return
+        await self._resume_rule(len(parts), payload, secrets)
+
+    async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None) -> None:
+        """A store that loaded its own log: accept a repair, ignore a filtered transcript or anything else."""
+        from ..model.resume import FILTERED, REPAIR, classify
+
+        s = self._s
+        offered = orjson.loads(payload)
+        kind, merged = classify(s.full().messages, offered)
+        if kind == REPAIR:
+            assert merged is not None
+            logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
+                           s.session_id, len(s.state.messages), len(merged))
+            if secrets:  # the scanner's note, for the messages the repair added (at their places in merged)
+                where = {id(m): i for i, m in enumerate(merged)}
+                secrets = [{**e, "index": where[id(offered[e["index"]])]} for e in secrets
+                           if id(offered[e["index"]]) in where] or None
+            await self._replace(_array([codec.dumps(m) for m in merged]), REPAIR, secrets)
+        elif kind == FILTERED:
+            await self._ignore(count, payload, FILTERED, "a filtered transcript of the history the store "
+                               "loaded from its own log, which is authoritative")
+        else:
+            await self._ignore(count, payload, kind, "neither a filtered transcript, a repair of the history "
+                               "nor an explicit replacement (pass reason=...); the store's own log is kept")
+
+    async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
+        self._s.check_writable()
+        parts = ev.validate_messages(messages)
+        if len(parts) >= MAX_BATCH:
+            raise ValueError(f"replace_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        self._appends.end_replay()
+        parts, secrets = self._redact_all(messages, parts)
+        await self._replace(_array(parts), None, secrets)
+
+    async def _replace(self, payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None = None
+                       ) -> None:
+        """One ``messages_replaced`` event: the history becomes ``payload`` (a JSON array of messages)."""
+        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        extra = b""
+        if reason is not None:
+            data["reason"] = reason
+            extra += b',"reason":%s' % codec.dumps(reason)
+        if secrets:  # what kinds the scanner removed, never the secrets (docs/operations.md, "Secrets")
+            data["secrets"] = secrets
+            extra += b',"secrets":%s' % codec.dumps(secrets)
+        seq = await self._writer.commit(ev.MESSAGES_REPLACED, data, b'{"messages":%s%s}' % (payload, extra))
+        if secrets:
+            await self._s.emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": secrets})
+
+    async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
+        info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
+        logger.info("session %s: set_messages with %d messages ignored (%s)", self._s.session_id, count, reason)
+        await self._writer.commit(ev.TRANSCRIPT_IGNORED, info)
+        await self._s.emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
+
+    def _redact_all(self, messages: list[dict[str, Any]], parts: list[bytes]
+                    ) -> tuple[list[bytes], list[dict[str, Any]] | None]:
+        """The messages' JSON with secrets redacted (when a scanner is set), and what was removed (or None)."""
+        scanner = self._s.scanner
+        if scanner is None:
+            return parts, None
+        from ..model.secret_scan import redact_messages
+
+        _, parts, found = redact_messages(scanner, messages, parts)
+        return parts, found or None
+
+    async def clear(self) -> None:
+        self._s.check_writable()
+        self._appends.end_replay()
+        await self._writer.commit(ev.CLEARED, {})
+        self._s.cleared_here = True
+
+    def resolve_key(self, message_index: int | None, seq: int | None) -> int:
+        """The key of the message named by exactly one of ``message_index`` and ``seq``."""
+        if (message_index is None) == (seq is None):
+            raise ValueError("give exactly one of message_index (position in get_messages()) or seq")
+        state = self._s.state
+        if message_index is not None:
+            if isinstance(message_index, bool) or not isinstance(message_index, int):
+                raise ValueError(f"message_index must be an int, got {message_index!r}")
+            n = len(state.keys)
+            if not -n <= message_index < n:
+                raise ValueError(f"message_index {message_index} is out of range; the history has {n} messages")
+            return state.keys[message_index]
+        key = make_key(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
+        if key is None or state.index_of(key) is None:
+            raise ValueError(f"seq {seq!r} is not a message_added event of the current history")
+        return key
+
+    async def mark(self, type_: str, message_index: int | None, seq: int | None) -> None:
+        """One ``pinned``, ``unpinned`` or ``redacted`` event for the message named; after a redaction the
+        store's own audit exports are rewritten without it."""
+        self._appends.end_replay()  # any other write ends a replay recognition (docs/resume.md)
+        key = self.resolve_key(message_index, seq)
+        at, index = split_key(key)
+        await self._writer.commit(type_, {"key": key, "seq": at, "index": index})
+        if type_ == ev.REDACTED and isinstance(self._s.log, FileEventLog):
+            from ..transfer.snapshot import rewrite_audit_exports  # (export_on_compact's snapshots must not keep it)
+
+            await rewrite_audit_exports(self._store, at)

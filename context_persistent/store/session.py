@@ -1,0 +1,178 @@
+"""What the parts of one open store share: its identity, configuration, log, projection, token counter,
+checkpoints and flags, with the checks every part makes and the hooks it reports through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..model import codec
+from ..errors import ReadOnlyError, StoreClosedError
+from ..storage.eventlog import EventLog
+from ..storage.backends import pager_for
+from ..model.projection import Projection
+from ..model.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from ..model.compaction import CompactionConfig
+
+logger = logging.getLogger("context_persistent")
+
+PROGRAM = "context-persistent"
+EVENT_RECOVERED = "context:recovered"
+EVENT_PRE_COMPACT = "context:pre_compact"
+EVENT_POST_COMPACT = "context:post_compact"
+EVENT_COMPACTION = "context:compaction"
+EVENT_TRANSCRIPT_IGNORED = "context:transcript_ignored"
+EVENT_SECRET_REDACTED = "context:secret_redacted"
+
+#: The fields of a compaction's stats that ``stats()['last_compaction']`` shows.
+_COMPACTION_FIELDS = ("at_seq", "ts", "budget", "budget_source", "strategy_used", "before_tokens", "after_tokens",
+                      "before_messages", "after_messages", "groups_dropped", "outputs_masked", "truncated", "warning")
+
+
+class Session:
+    """One open session as every part of the store sees it.
+
+    ``state`` is the projection (replaced whole at load and after an erase), ``epoch`` counts the applied
+    events that can change a view anywhere (everything but ``message_added`` and audit events), ``closed``,
+    ``readonly``, ``loaded_from_file`` and ``cleared_here`` are the flags the parts decide by.
+    """
+
+    def __init__(self, *, storage_path: Path, session_id: str, log: EventLog, config: dict[str, Any],
+                 hooks: Any = None) -> None:
+        from ..storage.checkpoint import Checkpointer, checkpoint_store_for
+
+        self.storage_path = storage_path
+        self.session_id = session_id
+        self.hooks = hooks
+        self.config = config
+        self.log = log
+        #: The ``prev`` of the session's first record (codec.root_crc); later records name their predecessor.
+        self.root = codec.root_crc(session_id)
+        #: The history keeps refs to the log's records, not the messages: they are read back through this (a
+        #: bounded cache, then the log; pages.py, pg/pages.py, docs/architecture.md "Bounded memory"). None for
+        #: a log that has no pager: the history then holds the messages.
+        self.pager = pager_for(log, config["page_cache_bytes"])
+        self.state = Projection(self.pager)
+        self.counter = TokenCounter(config["tokenizer"])
+        self.compaction: CompactionConfig = config["compaction"]
+        #: Redacts secrets in messages before they are written (secret_scan.py); None: off, no cost.
+        self.scanner = config.get("secret_scanner")
+        self.readonly = log.readonly
+        self.closed = False
+        self.loaded_from_file = False
+        #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
+        self.cleared_here = False
+        self.epoch = 0
+        #: The torn tail cut at open (log.TornTail), or None.
+        self.recovered: Any = None
+        #: Stats of the last compaction that changed the request view (for stats() and the CLI).
+        self.last_compaction: dict[str, Any] | None = None
+        #: Checkpoints (checkpoint/policy.py): resume from one at open, write one every checkpoint_every events.
+        self.checkpoints = Checkpointer(checkpoint_store_for(log), session_id, config["checkpoint_every"],
+                                        writable=not log.readonly)
+        self.checkpoints.pager = self.pager
+        #: (epoch, n, token list, total): the first n counts of that list were complete at that epoch and sum to
+        #: total: the whole history's count without reading it (stats(), checkpoints; ledger.TokenLedger).
+        self.token_total_hint: tuple[int, int, Any, int] | None = None
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
+
+    def check_writable(self) -> None:
+        if self.closed:
+            raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
+        if self.readonly:
+            raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
+
+    def full(self) -> Projection:
+        """The state with the whole history in memory (loads the rest of a lazily opened checkpoint)."""
+        return self.state.materialise()
+
+    async def iter_messages(self, chunk: int) -> AsyncIterator[dict[str, Any]]:
+        """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
+        ``chunk`` (``PersistentContextManager.iter_messages``)."""
+        from ..model.events import copy_json
+        from ..model.projection import PagedList, _resolve
+
+        self.check_open()
+        messages: Any = self.full().messages  # (a lazy history loads its refs, never its messages)
+        pager = messages.pager if type(messages) is PagedList else None
+        # refs or messages: a snapshot (a paged history's packed refs copied), so later changes are not seen
+        items = messages.items.copy() if pager is not None else list(messages)
+        for start in range(0, len(items), chunk):
+            if start:
+                await asyncio.sleep(0)
+                self.check_open()
+            part = items[start:start + chunk]
+            for v in (_resolve(part, pager) if pager is not None else part):
+                yield copy_json(v)
+
+    def tokenizer_name(self) -> str:
+        return self.counter.name
+
+    def ref_positions(self, first_seq: int, lines: Sequence[bytes]) -> list[int | None]:
+        """Where a paged history finds each of ``lines`` (the records from ``first_seq`` on, about to be
+        appended) again: its byte position in a file log, its seq in PostgreSQL; None where the history holds
+        the messages (no pager)."""
+        pager = self.pager
+        if pager is None:
+            return [None] * len(lines)
+        if getattr(pager, "refs_are_keys", False):
+            return list(range(first_seq, first_seq + len(lines)))
+        out: list[int | None] = []
+        at: int = self.log.position  # type: ignore[attr-defined]
+        for line in lines:
+            out.append(at)
+            at += len(line)
+        return out
+
+    def log_dir(self) -> Path:
+        return self.storage_path / self.session_id
+
+    async def emit(self, event: str, data: dict[str, Any]) -> None:
+        """Emit through the host's hooks; a failing hook is logged and never breaks the store."""
+        hooks = self.hooks
+        if hooks is None:
+            return
+        try:
+            result = hooks.emit(event, data)
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                await result
+        except Exception as e:
+            logger.warning("hook handler for %s failed: %s", event, e)
+
+    def stats(self, tokens: int) -> dict[str, Any]:
+        """The facts ``PersistentContextManager.stats`` returns, with ``tokens`` the history's token count."""
+        st = self.state
+        counter = self.counter
+        last = self.last_compaction
+        checkpoints = self.checkpoints
+        return {
+            "session_id": self.session_id,
+            "path": str(self.log.path),
+            "head_seq": st.head_seq,
+            "events": dict(st.counts),
+            "bytes": None if getattr(self.log, "size", None) is None  # (a file log: every segment, uncompressed)
+            else self.log.size + getattr(self.log, "base", 0),  # type: ignore[attr-defined]
+            "messages": len(st.messages),
+            "pinned": len(st.pinned),
+            "tokens": tokens,
+            "tokenizer": counter.name,
+            "tokenizer_exact": counter.exact,
+            "tokenizer_requested": counter.asked,
+            "tokens_bounded": counter.bounded,
+            "fsync": self.config["fsync"],
+            "reserve_tail": self.config["reserve_tail"],
+            "loaded_from_file": self.loaded_from_file,
+            "last_compaction": None if last is None else {
+                k: last.get(k) for k in (
+                    *_COMPACTION_FIELDS, *(("before_tokens_exact", "window") if "window" in last else ()))},
+            "checkpoint": {"loaded_seq": checkpoints.loaded_seq, "seq": checkpoints.seq,
+                           "ignored": checkpoints.ignored, "error": checkpoints.error},
+        }
