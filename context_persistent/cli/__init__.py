@@ -3,6 +3,9 @@
 Each command group lives in its own module with a ``register(subparsers, common)`` function; this module
 only assembles them, sets the exit codes (0 ok, 1 problem found, 2 usage error) and turns errors into one
 clear line (a traceback only with ``--debug``).
+
+May import: every layer below (integrations, store, transfer, operations, storage, model, errors); nothing
+imports the command line. Checked by import-linter (``.importlinter``).
 """
 
 from __future__ import annotations
