@@ -87,3 +87,14 @@ def test_the_folders_are_the_layers() -> None:
         assert f"\n    {layer}" in declared, layer
         doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
         assert "May import" in doc, f"{layer}/__init__.py does not say what it may import"
+
+
+def test_every_module_compiles_without_a_warning() -> None:
+    """No module of the package warns when compiled (an invalid escape sequence is a SyntaxWarning today and an
+    error in a later Python): each is compiled with warnings turned into errors."""
+    import warnings
+
+    for path in sorted(PACKAGE.rglob("*.py")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compile(path.read_text(), str(path), "exec")

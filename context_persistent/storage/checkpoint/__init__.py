@@ -39,7 +39,7 @@ and parsed when something needs the whole history (:class:`~context_persistent.m
 descriptor opened at open (a newer checkpoint renamed over it later does not change what it reads). If the
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 A PostgreSQL checkpoint (the same payload in one ``bytea``) opens the same way: its header and front section are
-read as ``substring``\ s of the row, the state section later, with a check that the row still holds the payload
+read as ``substring`` calls on the row, the state section later, with a check that the row still holds the payload
 whose front was read (``pg/log.py``: ``PostgresCheckpointStore.open_front``, ``PostgresStateSection``).
 
 A *based* checkpoint (``base`` not null) is what a store writes while its history is still lazy: a new header
