@@ -513,7 +513,8 @@ async def test_verify_compares_a_checkpoints_keys(storage: Path) -> None:
     """The fold equals a checkpoint's state only with the same message keys (compared without a copy): a
     state whose keys differ in one place is not the log's."""
     from context_persistent.storage.checkpoint import decode as decode_checkpoint
-    from context_persistent.operations.repair import _same_state, _Walk
+    from context_persistent.operations.checkpoint_check import _same_state
+    from context_persistent.operations.log_walk import _Walk
 
     store = await _open(storage)
     for i in range(3 * EVERY):

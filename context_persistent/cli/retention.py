@@ -10,7 +10,7 @@ from typing import Any
 
 from ..model.retention import POLICY_KEYS, RetentionPolicy
 from . import backend_of, require_storage
-from .inspect import print_json
+from .output import print_json
 
 EXAMPLES = """examples:
   context-persistent retention plan --max-age-days 90            what would expire, and why (changes nothing)
