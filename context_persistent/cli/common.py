@@ -21,23 +21,40 @@ def _run(coro_fn: Any) -> Any:
     return lambda args: asyncio.run(coro_fn(args))
 
 
-def _whole_number(what: str) -> Any:
-    """An argparse type: an integer >= 1, with ``what`` named in the error."""
+#: The largest seq or count a command takes: the store's integers are 64-bit.
+MAX_INT = 2**63 - 1
+
+
+def _whole_number(what: str, minimum: int = 1) -> Any:
+    """An argparse type: an integer from ``minimum`` to MAX_INT, with ``what`` named in the error."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected {what} (an integer >= 1), got {text!r}")
+            value = minimum - 1
+        if not minimum <= value <= MAX_INT:
+            raise argparse.ArgumentTypeError(f"expected {what} (an integer from {minimum} to {MAX_INT}), got {text!r}")
         return value
 
     return parse
 
 
+def _how_many(text: str) -> int:
+    """An argparse type for ``-n N``: a count >= 0; a count larger than any history means all of it (as
+    ``tail -n`` takes it), never an overflow."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of messages or events (an integer >= 0), got {text!r}")
+    return min(value, MAX_INT)
+
+
 _seq = _whole_number("an event seq")
 _positive = _whole_number("a positive integer")
+_after_seq = _whole_number("an event seq", minimum=0)
 
 
 def _seconds(text: str) -> float:

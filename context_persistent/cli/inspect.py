@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import backend_of, require_storage, storage_info
-from .common import _open, _parser, _positive, _run, _seconds, _seq
+from .common import _after_seq, _how_many, _open, _parser, _positive, _run, _seconds, _seq
 from .output import human_size, print_json, short_time, table
 from .show import VIEWS, _show
 from .stats import _stats
@@ -160,7 +160,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="full (default), conversation, reasoning, or request (the provider view)")
     p.add_argument("--at", type=_seq, metavar="SEQ", help="time travel: the state right after event SEQ")
     p.add_argument("--budget", type=_positive, metavar="N", help="token budget for the request view")
-    p.add_argument("-n", "--last", type=int, metavar="N", help="only the last N messages of the view")
+    p.add_argument("-n", "--last", type=_how_many, metavar="N", help="only the last N messages of the view")
     p.add_argument("--full", action="store_true", help="do not shorten long messages")
     p.set_defaults(func=_run(_show))
 
@@ -181,10 +181,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 "  context-persistent tail my-session -f --after 0 --until-seq 500 --json\n"
                 "  context-persistent tail my-session -f --timeout 60\n")
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+    p.add_argument("-n", "--lines", type=_how_many, default=10, metavar="N",
                    help="how many of the last events to print first (default 10; 0 = none)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing events as they are appended")
-    p.add_argument("--after", type=int, metavar="SEQ", help="start after this seq instead of the last N events")
+    p.add_argument("--after", type=_after_seq, metavar="SEQ", help="start after this seq instead of the last N events")
     p.add_argument("--until-seq", type=_seq, metavar="SEQ", help="with -f: stop once this seq was printed")
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="with -f: stop after this long")
     p.set_defaults(func=_run(_tail))

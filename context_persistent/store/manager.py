@@ -340,9 +340,11 @@ class PersistentContextManager:
                     reason: str = "") -> dict[str, Any]:
         """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
 
-        Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
-        that added it; ``index`` is its position in a ``messages_replaced`` or ``system_prompt_set`` record,
-        0 otherwise): ``seq`` can name a message no longer in the history (before a clear). Every copy of the
+        Name the message by ``seq`` (the record that added it; ``index`` is its position in a
+        ``messages_replaced`` or ``system_prompt_set`` record, 0 otherwise), which names the same message for
+        ever, even one no longer in the history (before a clear); or by ``message_index``, its position in
+        ``get_messages()`` *now*: each erase or redaction shifts the positions after it, so never erase several
+        positions taken from one earlier listing (the receipt's ``seq`` says which message was erased). Every copy of the
         same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
         chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
         exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
