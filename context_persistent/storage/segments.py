@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ..model import codec
 from ..errors import LogCorruptedError, RecordsExpiredError
-from .manifest import (MANIFEST_NAME, MIN_SEGMENT_BYTES, SEALED_MODE, SEGMENT_BYTES, SEGMENT_PREFIX, ZST, Boundary,
-                       Compressed, Manifest, ManifestError, Segment, _manifest_bytes, check_segment_bytes, load_manifest,
-                       parse_manifest, segment_name, sha256_hex, write_manifest)
+from .manifest import (MANIFEST_NAME, MIN_SEGMENT_BYTES, SEALED_MODE, SEGMENT_BYTES, SEGMENT_PREFIX, ZST,
+                       Boundary, Compressed, Manifest, ManifestError, Segment, _manifest_bytes, check_segment_bytes,
+                       load_manifest, parse_manifest, segment_name, sha256_hex, write_manifest)
 from .paths import LOG_NAME
 from .records import data_end
 from .segment_file import FRAME_BYTES, SegmentFile, compress, decompress_all, decompress_frame, frame_chunks
