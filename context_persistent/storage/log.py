@@ -1,9 +1,12 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
 That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
-it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+it is sealed into an immutable segment listed in the manifest and a new one starts (manifest.py,
 segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
 is a single file, as every log was before segments.
+
+This module holds the writer: open, append, roll, replace, close. Reading and verifying the records is
+log_reading.py (``read_batches``, ``record_before``), what a crash leaves after the last record torn_tail.py.
 
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
@@ -83,7 +86,7 @@ class FileEventLog:
         if not isinstance(compress_sealed, bool):
             raise ValueError(f"compress_sealed must be true or false, got {compress_sealed!r}")
         self.compress_sealed = compress_sealed
-        #: The sealed segments (segments.py); None for a single-file log (no manifest).
+        #: The sealed segments (manifest.py); None for a single-file log (no manifest).
         self._manifest: Manifest | None = None
         #: The running SHA-256 of the active segment (running_hash.py), and its first record's seq and crc
         #: once known: what sealing it needs, without reading it back.
@@ -190,7 +193,7 @@ class FileEventLog:
 
     @property
     def position(self) -> int:
-        """The global position after the last valid record (segments.py: positions)."""
+        """The global position after the last valid record (manifest.py: positions)."""
         return self.base + (self.size if self.torn is None else self.torn.offset)
 
     def first_crc(self) -> str | None:
