@@ -106,7 +106,7 @@ async def test_a_message_only_in_the_trash_is_erased_there(storage: Path) -> Non
     assert target not in before
     manifest = (storage / SID / "segments.json").read_bytes()
     receipt = await store.erase(seq=5, reason="gdpr")
-    assert receipt["records"] == [] and receipt["message"]["sha256"].startswith("sha256:")
+    assert receipt["records"] == [] and receipt["message"]["hmac"].startswith("hmac-sha256:")
     assert receipt["log"]["rewritten"] == [] and (storage / SID / "segments.json").read_bytes() == manifest
     assert [(t["entry"], [r["seq"] for r in t["records"]]) for t in receipt["trash"]] == [(f"{SID}~1", [5])]
     assert _holders(storage, needle) == [] and await store.get_messages() == before

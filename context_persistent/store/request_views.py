@@ -264,7 +264,8 @@ class RequestViews:
             return
         path = s.log_dir() / f"compaction-{seq:010d}.jsonl"
         try:
-            await self._export_reasoning(path)
+            async with s.rewriting:  # (an erase waits for this snapshot, or this one starts after it)
+                await self._export_reasoning(path)
         except Exception as e:  # an audit snapshot must never break a request
             logger.warning("session %s: export_on_compact to %s failed: %s", s.session_id, path, e)
             return
