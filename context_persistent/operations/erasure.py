@@ -71,9 +71,12 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         except ValueError as e:
             if "already erased" in str(e):
                 raise
+            sides = [q.name for q in side_paths(directory) + export_paths(directory)]
             raise ValueError(f"seq {seq} expired with the oldest log segments (seqs 1..{boundary.last_seq}) and no "
-                             "expired record carries it nor any trash entry holds it (purged): nothing stored holds "
-                             "its bytes") from None
+                             "expired record carries it nor any trash entry holds it (purged): no record holds its "
+                             "bytes" + (f"; the side files and compaction exports {', '.join(sides)} may hold copies "
+                                        "that erase cannot name without the record: delete them if they may"
+                                        if sides else "")) from None
     needle = codec.dumps(message)
     digest = keyed(key, needle)  # (side files and exports get a marker naming it: never an unsalted hash)
     when = codec.now_iso()
