@@ -203,7 +203,7 @@ OPS = st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=5, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=4, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(repair_crash=st.sampled_from([None, "repair-quarantine-written", "repair-log-written"]),
        ops=st.lists(OPS, min_size=2, max_size=4),
