@@ -69,8 +69,20 @@ async def test_an_erase_racing_inline_appends_keeps_every_append(tmp_path: Path)
 
 
 async def test_a_task_that_keeps_appending_does_not_starve_erase_or_close(tmp_path: Path) -> None:
-    """With fsync batch, erase() and close() return while another task appends without pause."""
-    store = await _filled(tmp_path, n=4, fsync="batch")
+    """With fsync batch, erase() and close() return while other tasks append without pause."""
+    await _not_starved(tmp_path, "s", fsync="batch")
+
+
+@pytest.mark.postgres
+async def test_appenders_do_not_starve_erase_or_close_on_postgres(pg_config: dict[str, str], sid: str,
+                                                                 tmp_path: Path) -> None:
+    """On PostgreSQL (group commit, appends that wait on the server), erase() and close() return while other
+    tasks append without pause."""
+    await _not_starved(tmp_path, sid, **pg_config)
+
+
+async def _not_starved(tmp_path: Path, session_id: str, **cfg: Any) -> None:
+    store = await _filled(tmp_path, session_id, n=4, **cfg)
     stop = asyncio.Event()
     acked: list[str] = []
     tasks = await _appending(store, 4, acked, stop)
@@ -84,7 +96,7 @@ async def test_a_task_that_keeps_appending_does_not_starve_erase_or_close(tmp_pa
     await asyncio.wait_for(asyncio.shield(closing), 10)  # (the appenders still run: their next append fails)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    again = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    again = await PersistentContextManager.open(storage_path=tmp_path, session_id=session_id, **cfg)
     contents = [m["content"] for m in await again.get_messages()]
     assert sorted(c for c in contents if c.startswith("loop")) == sorted(acked)
     await again.close()

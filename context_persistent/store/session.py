@@ -68,6 +68,8 @@ class Session:
         #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
         self.cleared_here = False
         self.epoch = 0
+        #: close() has begun: no new write is accepted (what was queued before is written).
+        self.closing = False
         #: Erasures made by this store (each rewrote records in place: positions read before it are stale).
         self.rewrites = 0
         #: Held by an erase and by an export_on_compact snapshot: one never runs inside the other.
@@ -89,8 +91,9 @@ class Session:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
 
     def check_writable(self) -> None:
-        if self.closed:
-            raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
+        if self.closed or self.closing:
+            raise StoreClosedError(f"session {self.session_id!r}: the store is "
+                                   + ("closed" if self.closed else "closing"))
         if self.readonly:
             raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
 

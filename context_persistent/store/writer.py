@@ -219,8 +219,12 @@ class Writer:
 
     async def close(self) -> None:
         """Wait for the group commit, then write the deferred audit records (close syncs the log); a failure to
-        write them is logged (they are audit records only, never history)."""
-        await self.drain()
+        write them is logged (they are audit records only, never history). New writes are refused from here on
+        (StoreClosedError), so the queue empties: every event queued before is written or failed, none is left
+        in flight when the log closes."""
+        self._s.closing = True
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
         s = self._s
         if self.deferred and not s.readonly:
             try:
