@@ -53,7 +53,10 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
         if key:
             answered.add(key)
     orphans = calls - answered
+    results = [m for m in history if m.get("role") == "tool"]
     out: list[dict[str, Any]] = []
+    left_out: list[dict[str, Any]] = []  # results of the history not at their place...
+    moved: list[dict[str, Any]] = []  # ...and results of the history the repair put elsewhere: the same lists
     changed = False
     j = 0
 
@@ -63,6 +66,9 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
             key = result_key(m)
             if key in orphans:  # a result for a call of the history that has none (each call once)
                 orphans.discard(key)  # type: ignore[arg-type]
+                return True
+            if any(m == r for r in results) and sum(m == r for r in moved) < sum(m == r for r in results):
+                moved.append(m)  # a result of the history, moved by the repair
                 return True
             return False
         # the repair's reply closing an interrupted turn: right after a tool result, making no calls
@@ -77,7 +83,8 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
             out.append(h)
             j += 1
         elif h.get("role") == "tool":
-            changed = True  # a result the repair moved or dropped
+            changed = True  # a result the repair moved (checked below: a dropped one is no repair)
+            left_out.append(h)
         else:
             return None
     while j < len(offered):
@@ -86,7 +93,22 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
         out.append(offered[j])
         j += 1
         changed = True
+    if not _same_items(left_out, moved):  # a result left out and not put elsewhere would leave every view
+        return None
     return out if changed else None
+
+
+def _same_items(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether ``a`` and ``b`` hold the same messages, each as often, in any order."""
+    rest = list(b)
+    for m in a:
+        for i, r in enumerate(rest):
+            if r == m:
+                del rest[i]
+                break
+        else:
+            return False
+    return not rest
 
 
 def classify(history: Any, offered: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]] | None]:
