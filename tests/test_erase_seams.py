@@ -131,3 +131,49 @@ async def test_iter_messages_on_postgres_goes_on_across_an_erase(pg_config: dict
             await store.erase(seq=99)
     assert seen == [m for m in before if not m["content"].startswith("m97 ")]
     await store.close()
+
+
+async def _in_pages(dsn: str, table: str, token: bytes) -> bool:
+    """Whether any page of ``table`` (its heap file, dead row versions and free space included) holds ``token``
+    (pageinspect reads the raw pages)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        await conn.execute("CHECKPOINT")
+        pages = await conn.fetchval("SELECT pg_relation_size($1::regclass) / 8192", table)
+        for i in range(pages):
+            if token in bytes(await conn.fetchval("SELECT get_raw_page($1, $2::int)", table, i)):
+                return True
+        return False
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_erase_on_postgres_leaves_old_row_versions_until_vacuum_full(pg_config: dict[str, str], sid: str,
+                                                                          tmp_path: Path) -> None:
+    """After a plain erase the old row version still holds the bytes in the table's pages (the receipt says so);
+    vacuum="full" removes them from the pages; a file store refuses vacuum."""
+    token = b"VACUUMTOKEN" + sid.encode()
+    table = f"{pg_config['pg_schema']}.events"
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config)
+    for text in ("one", f"secret {token.decode()}", "two", f"again {token.decode()}"):
+        await store.add_message({"role": "user", "content": text})
+    receipt = await store.erase(seq=3)
+    assert "dead row versions" in {n["what"] for n in receipt["not_covered"]} and "vacuum" not in receipt
+    assert await _in_pages(pg_config["dsn"], table, b"secret " + token)  # (what the receipt says remains)
+    receipt = await store.erase(seq=5, vacuum="full")
+    assert receipt["vacuum"]["command"] == "VACUUM (FULL)" and await store.verify_erasure(receipt) == []
+    assert "dead row versions" not in {n["what"] for n in receipt["not_covered"]}
+    assert not await _in_pages(pg_config["dsn"], table, token)
+    await store.add_message({"role": "user", "content": "after"})
+    assert [m["content"] for m in await store.get_messages()] == ["one", "two", "after"]
+    with pytest.raises(ValueError, match="vacuum must be"):
+        await store.erase(seq=2, vacuum="yes")
+    await store.close()
+    file_store = await _filled(tmp_path, "f", 2)
+    with pytest.raises(ValueError, match="PostgreSQL backend only"):
+        await file_store.erase(seq=2, vacuum=True)
+    await file_store.close()

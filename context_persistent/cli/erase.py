@@ -88,7 +88,7 @@ async def _erase(args: argparse.Namespace) -> int:
         raise _Locked(f"session {e.session_id!r} is open for writing by {holder}: erase needs the session to itself. "
                       "Stop that agent (or let it close the session) and run erase again; a running agent can "
                       "erase through the API (PersistentContextManager.erase)") from None
-    vacuum = {None: False, "plain": True, "full": "full"}[args.vacuum]
+    vacuum: bool | str = {None: False, "plain": True, "full": "full"}[args.vacuum]  # type: ignore[assignment]
     try:
         if args.message_index is not None:
             receipt = await store.erase(args.message_index, reason=args.reason, vacuum=vacuum)

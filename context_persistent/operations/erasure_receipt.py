@@ -121,7 +121,7 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
     for the erased bytes (by their keyed digest and length, as is and escaped in a JSON string, decompressed,
     inside base64), and the log must hold the listed tombstones."""
     check_receipt_shape(receipt)
-    problems = []
+    problems: list[str] = []
     sid = receipt.get("session_id") or directory.name
     for p in sorted(directory.iterdir()):
         if not p.is_file() or p.stat().st_size == 0:
@@ -167,7 +167,7 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
 async def check_receipt_postgres(log: Any, receipt: dict[str, Any]) -> list[str]:
     """As :func:`check_receipt` for a PostgreSQL session: every row of its events and checkpoint."""
     check_receipt_shape(receipt)
-    problems = []
+    problems: list[str] = []
     records = []
     async for batch in log.read_batches(0):
         records.extend(batch)
@@ -180,7 +180,7 @@ async def check_receipt_postgres(log: Any, receipt: dict[str, Any]) -> list[str]
 
 def check_receipt_shape(receipt: Any) -> None:
     """ValueError unless ``receipt`` looks like a receipt written by ``erase``."""
-    msg = receipt.get("message") if isinstance(receipt, dict) else None
+    msg: Any = receipt.get("message") if isinstance(receipt, dict) else None
     ok = isinstance(receipt, dict) and receipt.get("receipt") in _VERSIONS and isinstance(msg, dict) and (
         isinstance(msg.get("bytes"), int) and msg["bytes"] >= 2)
     if ok and receipt["receipt"] == 1:
