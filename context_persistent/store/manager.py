@@ -348,8 +348,8 @@ class PersistentContextManager:
         same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
         chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
         exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
-        transaction (``vacuum=True`` then runs VACUUM on the tables, ``"full"`` VACUUM FULL: the old row versions
-        stay in the tables until one runs). Views then behave as if the message were redacted. ``reason`` is
+        transaction; ``vacuum`` (PostgreSQL only): True then runs VACUUM on the tables, ``"full"`` VACUUM FULL
+        (the old row versions stay in the tables until one runs). Views then behave as if the message were redacted. ``reason`` is
         stored in the tombstone. See docs/operations.md, "Erasure".
 
         Returns the receipt (a dict: what was erased, the key and keyed digest of the removed bytes, where they
