@@ -119,7 +119,7 @@ async def test_a_message_only_in_the_trash_is_erased_there(storage: Path) -> Non
     assert listed["present"]
     await trash.purge(storage, [f"{SID}~1"], force=True)
     store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
-    with pytest.raises(ValueError, match="nor any trash entry holds it .purged.: nothing stored holds its bytes"):
+    with pytest.raises(ValueError, match="nor any trash entry holds it .purged.: no record holds its bytes"):
         await store.erase(seq=6)
     await store.close()
 
