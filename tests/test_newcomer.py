@@ -113,3 +113,42 @@ def test_a_refused_file_in_a_session_folder_is_named_with_its_path(tmp_path: Pat
         FileLock(tmp_path / "s" / "lock", "s")
     assert caught.value.filename == str(tmp_path / "s" / "lock")
     assert str(tmp_path / "s" / "lock") in str(caught.value)
+
+
+async def _unanswered_call(storage: Path) -> None:
+    async with PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "list files"})
+        await store.add_message({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+
+
+async def test_verify_and_repair_point_an_unanswered_call_to_repair_semantic(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A sound log with an unanswered tool call: verify's verdict names `repair --semantic` (not plain repair),
+    and a plain repair, after "needs no repair", says the same; `repair --semantic` then fixes it."""
+    await _unanswered_call(tmp_path)
+    proc = _cli("--storage", str(tmp_path), "verify", "s", env=subprocess_env)
+    assert proc.returncode == 1 and "`context-persistent repair --semantic s`" in proc.stdout, proc.stdout
+    assert "`context-persistent repair s`" not in proc.stdout
+    proc = _cli("--storage", str(tmp_path), "repair", "s", env=subprocess_env)
+    assert proc.returncode == 0 and "needs no repair" in proc.stdout, proc
+    assert "`context-persistent repair --semantic s` records the fixes" in proc.stdout, proc.stdout
+    assert _cli("--storage", str(tmp_path), "repair", "--semantic", "s", env=subprocess_env).returncode == 0
+    assert _cli("--storage", str(tmp_path), "verify", "s", env=subprocess_env).returncode == 0
+
+
+async def test_a_copied_session_folder_points_to_its_name_or_export_and_import(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A session folder copied under another name: show, verify and repair all say it holds another session's
+    log and how to keep it (its name back, or export + import / fork), and none of them suggests repair."""
+    import shutil
+
+    await _two_sessions(tmp_path)
+    shutil.copytree(tmp_path / "my-session", tmp_path / "copy")
+    for command in (("show", "copy"), ("verify", "copy"), ("repair", "copy")):
+        proc = _cli("--storage", str(tmp_path), *command, env=subprocess_env)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 1, (command, said)
+        assert "holds the log of another session id" in said and "import copy.jsonl NEW" in said, (command, said)
+        assert "to quarantine bad records" not in said and "verdict: problems found; `context-persistent repair" \
+            not in said, (command, said)
