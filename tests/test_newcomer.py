@@ -152,3 +152,26 @@ async def test_a_copied_session_folder_points_to_its_name_or_export_and_import(
         assert "holds the log of another session id" in said and "import copy.jsonl NEW" in said, (command, said)
         assert "to quarantine bad records" not in said and "verdict: problems found; `context-persistent repair" \
             not in said, (command, said)
+
+
+async def test_show_and_markdown_export_print_openai_agents_replies_as_text(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """An openai-agents assistant reply (``output_text`` blocks) is shown and exported to Markdown as its text,
+    not as ``[output_text]`` or a JSON block; a refusal says so."""
+    from context_persistent.integrations.openai_agents import PersistentSession
+
+    session = PersistentSession("agent", tmp_path)
+    await session.add_items([
+        {"role": "user", "content": "what is 2+2?"},
+        {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "It is four.", "annotations": []}]},
+        {"id": "msg_2", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "refusal", "refusal": "I cannot help with that."}]}])
+    await session.aclose()
+    shown = _cli("--storage", str(tmp_path), "show", "agent", env=subprocess_env)
+    assert shown.returncode == 0 and "It is four." in shown.stdout and "[output_text]" not in shown.stdout
+    assert "(refusal) I cannot help with that." in shown.stdout
+    out = tmp_path / "agent.md"
+    assert _cli("--storage", str(tmp_path), "export", "agent", str(out), env=subprocess_env).returncode == 0
+    text = out.read_text()
+    assert "\nIt is four.\n" in text and '"output_text"' not in text
