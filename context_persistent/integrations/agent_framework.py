@@ -238,8 +238,7 @@ class PersistentHistoryProvider(HistoryProvider):
             return
         store = await self.store(session_id)
         assert store is not None
-        for m in encoded:
-            await store.add_message(m)
+        await store.add_messages(encoded)  # (every message validated before the first is written: all or none)
 
     async def replace_messages(self, session_id: str | None, messages: Sequence[Message]) -> None:
         """Make the session's history exactly ``messages`` (one ``messages_replaced`` event; the log keeps what

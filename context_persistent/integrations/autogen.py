@@ -411,8 +411,7 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
 
     async def _add(self, store: PersistentContextManager, message: LLMMessage) -> None:
         stored = to_stored(message)
-        for m in stored:
-            await store.add_message(m)
+        await store.add_messages(stored)  # (each part validated before the first is written: all or none)
         if self._mirror is not None and self._mirror_seq == _stamp(store, -len(stored)):
             self._mirror.append(message.model_copy(deep=True))
             self._mirror_seq = _stamp(store)
