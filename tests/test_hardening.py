@@ -310,13 +310,13 @@ async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path
 # -- leftovers of a killed import are cleaned, a live one is left alone ------------------------------------
 _STALLED_IMPORT = """
 import asyncio, sys, time
-from context_persistent.transfer import snapshot
+from context_persistent.transfer import new_session
 def stall(path):
     print("READY", flush=True)   # the temp folder holds the whole new log now
     time.sleep(600)
-snapshot.fsync_dir = stall
-lines = snapshot.session_lines(sys.argv[2], {}, [{"role": "user", "content": "x"}])
-asyncio.run(snapshot.create_session(sys.argv[1], sys.argv[2], lines))
+new_session.fsync_dir = stall
+lines = new_session.session_lines(sys.argv[2], {}, [{"role": "user", "content": "x"}])
+asyncio.run(new_session.create_session(sys.argv[1], sys.argv[2], lines))
 """
 
 
