@@ -297,7 +297,7 @@ async def test_a_session_folder_owned_by_another_user_is_refused(storage: Path) 
 
 async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path: Path) -> None:
     """Import and fork make their temp folder in the storage folder: a shared one is refused."""
-    from context_persistent.transfer.snapshot import create_session, session_lines
+    from context_persistent.transfer.new_session import create_session, session_lines
 
     storage = tmp_path / "shared"
     storage.mkdir()
@@ -340,7 +340,7 @@ async def test_temp_folders_of_a_killed_import_are_removed_and_live_ones_kept(
     of an import still running, nor a folder that only looks like one."""
     import signal
 
-    from context_persistent.transfer.snapshot import clean_stale_temp_folders, create_session, session_lines
+    from context_persistent.transfer.new_session import clean_stale_temp_folders, create_session, session_lines
 
     storage.mkdir(mode=0o700)
     live = _stalled_import(storage, "b", subprocess_env)
