@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from context_persistent.cli.inspect import message_text
+from context_persistent.cli.output import message_text
 from context_persistent.model.grouping import group_messages, placeholder_text, repair, tool_calls_of
 from context_persistent.model.tokens import TokenCounter
 

@@ -2,7 +2,7 @@
 checkpoint without loading the history: a new header and a front section recomputed from what is in memory,
 followed by the old checkpoint's state section copied byte for byte; ``base`` in the header says where that
 section is, and loading the rest replays the log from there (checkpoint.Checkpointer._prepare, _splice_base,
-_replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole.
+checkpoint.replay.replay_from_base, FileCheckpointStore.save_copying). Every test compares with the log replayed whole.
 
 Where the file system can, a based checkpoint refers to the old section instead (``checkpoint.base``, a hard
 link: tests/test_bounded_memory.py); these tests are about the copy, which is what a store does where it cannot
@@ -513,7 +513,8 @@ async def test_verify_compares_a_checkpoints_keys(storage: Path) -> None:
     """The fold equals a checkpoint's state only with the same message keys (compared without a copy): a
     state whose keys differ in one place is not the log's."""
     from context_persistent.storage.checkpoint import decode as decode_checkpoint
-    from context_persistent.operations.repair import _same_state, _Walk
+    from context_persistent.operations.checkpoint_check import _same_state
+    from context_persistent.operations.log_walk import _Walk
 
     store = await _open(storage)
     for i in range(3 * EVERY):

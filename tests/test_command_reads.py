@@ -16,7 +16,7 @@ from context_persistent import PersistentContextManager
 
 from context_persistent.model import codec
 
-from context_persistent.storage import segments
+from context_persistent.storage import segment_file, segments
 from context_persistent.cli import main
 from context_persistent.storage.follow import follow_file
 from context_persistent.storage.paths import LOG_NAME
@@ -51,17 +51,17 @@ class _Reads:
         self.read: list[str] = []
         self.frames = 0
         self.decoded = 0
-        frame, decode = segments.decompress_frame, codec.decode
+        frame, decode = segment_file.decompress_frame, codec.decode
 
         def reading(method: Any) -> Any:
-            def read(this: segments.SegmentFile, *args: Any) -> Any:
+            def read(this: segment_file.SegmentFile, *args: Any) -> Any:
                 if this.seg.name not in self.read:
                     self.read.append(this.seg.name)
                 return method(this, *args)
             return read
 
         for name in ("frame", "chunks", "line_at", "line_ending_at"):
-            monkeypatch.setattr(segments.SegmentFile, name, reading(getattr(segments.SegmentFile, name)))
+            monkeypatch.setattr(segment_file.SegmentFile, name, reading(getattr(segment_file.SegmentFile, name)))
 
         def decompressed(data: bytes, size: int) -> bytes:
             self.frames += 1
@@ -71,7 +71,7 @@ class _Reads:
             self.decoded += 1
             return decode(line)
 
-        monkeypatch.setattr(segments, "decompress_frame", decompressed)
+        monkeypatch.setattr(segment_file, "decompress_frame", decompressed)
         monkeypatch.setattr(codec, "decode", decoded)
 
 

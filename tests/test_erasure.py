@@ -19,7 +19,8 @@ from context_persistent import PersistentContextManager, ReadOnlyError
 
 from context_persistent.model import codec
 from context_persistent.cli import main
-from context_persistent.operations.erasure import _forge_pad, check_receipt, tombstone
+from context_persistent.operations.erasure import check_receipt, tombstone
+from context_persistent.operations.tombstones import _forge_pad
 from context_persistent.operations.repair import verify
 
 SECRET = {"role": "user", "content": "my passport number is X1234567, please remember it"}

@@ -42,3 +42,29 @@ def test_the_extras_named_in_the_readme_exist() -> None:
     for name in ("postgres", "test", "bench"):
         assert name in extras and f"`{name}`" in readme
     assert "asyncpg" in " ".join(extras["postgres"])
+
+
+#: The distribution each framework import of the docs' examples comes from.
+DISTRIBUTIONS = {"autogen_agentchat": "autogen-agentchat", "autogen_ext": "autogen-ext", "autogen_core": "autogen-core",
+                 "agent_framework": "agent-framework-core", "agents": "openai-agents"}
+
+
+def test_each_framework_extra_installs_what_its_docs_example_imports() -> None:
+    """Every framework package a framework's example in docs/integrations.md imports comes with that framework's
+    extra (``[autogen]`` once installed only autogen-core while its example needs agentchat and ext)."""
+    import re
+
+    docs = (ROOT / "docs" / "integrations.md").read_text()
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    examples = re.findall(r"```python\n(.*?)```", docs, re.S)
+    for extra, marker in (("autogen", "integrations.autogen"), ("agent-framework", "integrations.agent_framework"),
+                          ("openai-agents", "integrations.openai_agents")):
+        code = "\n".join(e for e in examples if marker in e)
+        assert code, f"no example of {marker} in docs/integrations.md"
+        imported = {m.split(".")[0] for m in re.findall(r"^(?:from|import) ([\w.]+)", code, re.M)}
+        frameworks = imported - {"asyncio", "context_persistent", "os", "json", "pathlib", "typing", "__future__"}
+        unknown = frameworks - set(DISTRIBUTIONS)
+        assert not unknown, f"the {extra} example imports {sorted(unknown)}: add them to DISTRIBUTIONS"
+        installed = {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in extras[extra]}
+        missing = {DISTRIBUTIONS[f] for f in frameworks} - installed
+        assert not missing, f"[{extra}] does not install {sorted(missing)}, which its docs example imports"

@@ -87,13 +87,13 @@ async def test_bad_config_fails_the_mount(tmp_path: Path) -> None:
 
 
 async def test_validator_mount_is_ephemeral(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """amplifier_core's test coordinator (the validator's) gets a private store deleted at cleanup: nothing
-    lands in the configured storage, the environment's or the working directory's."""
+    """amplifier_core's test coordinator with no storage configured (the validator's case) gets a private store
+    deleted at cleanup: nothing lands in the environment's storage or the working directory."""
     monkeypatch.setenv("CONTEXT_PERSISTENT_DIR", str(tmp_path / "env"))
     monkeypatch.chdir(tmp_path)
     c = MockCoordinator()
     assert is_validator(c) and not is_validator(Coordinator())
-    cleanup = await mount(c, {"storage_path": str(tmp_path / "cfg")})
+    cleanup = await mount(c, {})
     ctx = c.mount_points["context"]
     await ctx.add_message({"role": "user", "content": "x"})
     where = Path(ctx.path).parent.parent
@@ -104,13 +104,27 @@ async def test_validator_mount_is_ephemeral(tmp_path: Path, monkeypatch: pytest.
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+async def test_a_test_coordinator_given_a_storage_persists_there(tmp_path: Path) -> None:
+    """An app's test that mounts with amplifier_core's test coordinator and an explicit ``storage_path`` gets a
+    real store there: what it adds is on disk after the cleanup and a second mount reads it back."""
+    c = MockCoordinator()
+    cleanup = await mount(c, {"storage_path": str(tmp_path / "cfg")})
+    await c.mount_points["context"].add_message({"role": "user", "content": "kept"})
+    await cleanup()
+    assert (tmp_path / "cfg" / "test-session" / "events.jsonl").is_file()
+    again = MockCoordinator()
+    cleanup = await mount(again, {"storage_path": str(tmp_path / "cfg")})
+    assert [m["content"] for m in await again.mount_points["context"].get_messages()] == ["kept"]
+    await cleanup()
+
+
 VALIDATOR_CHILD = """
 import asyncio, os, sys, pathlib
 from amplifier_core.testing import MockCoordinator
 from context_persistent import mount
 async def main():
     c = MockCoordinator()
-    cleanup = await mount(c, {"storage_path": sys.argv[1]})
+    cleanup = await mount(c, {})
     await c.mount_points["context"].add_message({"role": "user", "content": "hi"})
     print("mounted", flush=True)
     go = pathlib.Path(sys.argv[2])
@@ -126,7 +140,7 @@ asyncio.run(main())
 @pytest.mark.slow
 def test_two_validator_processes_do_not_collide(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Two processes mounting the validator's way at the same time both succeed (no shared writer lock), and
-    neither writes under the configured storage, $CONTEXT_PERSISTENT_DIR or the working directory."""
+    neither writes under $CONTEXT_PERSISTENT_DIR or the working directory."""
     env = {**subprocess_env, "CONTEXT_PERSISTENT_DIR": str(tmp_path / "env")}
     work = tmp_path / "cwd"
     work.mkdir()

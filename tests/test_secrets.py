@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import orjson
 import pytest
 
 from context_persistent import PersistentContextManager, import_
-from context_persistent.model.secret_scan import BUILTIN_PATTERNS, SecretScanner, make_scanner
+from context_persistent.model.secret_scan import BUILTIN_LITERALS, BUILTIN_PATTERNS, SecretScanner, make_scanner
 
 #: One sample per built-in kind (made-up values of the real shapes).
 SAMPLES = {
@@ -188,3 +189,52 @@ def test_cli_import_with_the_scanner(storage: Path, tmp_path: Path) -> None:
     src.write_bytes(orjson.dumps({"role": "user", "content": "key " + SAMPLES["gitlab_token"]}) + b"\n")
     assert main(["--storage", str(storage), "import", str(src), "imp", "--secret-scanner", "builtin"]) == 0
     assert SAMPLES["gitlab_token"].encode() not in (storage / "imp" / "events.jsonl").read_bytes()
+
+
+def _adversarial(literal: str, n: int) -> list[str]:
+    """Texts of about ``n`` characters that make a backtracking pattern retry from many starts: the pattern's
+    fixed string repeated with token characters, separators and dots between the copies."""
+    return [(literal + tail) * (n // (len(literal) + len(tail)) + 1)
+            for tail in ("", "Ab1-", "Ab1_", "aaaaaa.", "Ab1-" * 4 + ".", " ", "\n", "=")]
+
+
+def _scan_seconds(scanner: Any, text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        scanner.find(text)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize("kind", sorted(BUILTIN_PATTERNS))
+def test_every_builtin_pattern_runs_in_linear_time(kind: str) -> None:
+    """Each built-in pattern scans adversarial repetitions of its fixed strings in time that grows with the
+    text, not with its square: 16 times the text costs well under 16 x 16 times the time (a quadratic pattern,
+    such as the old jwt one on ``eyJab-`` repeated, costs ~200x there; a linear one ~16x)."""
+    scanner = SecretScanner({kind: BUILTIN_PATTERNS[kind]}, literals=BUILTIN_LITERALS)
+    for literal in BUILTIN_LITERALS[kind]:
+        for small, large in zip(_adversarial(literal, 12_000), _adversarial(literal, 192_000)):
+            t_small, t_large = _scan_seconds(scanner, small), _scan_seconds(scanner, large)
+            assert t_large < max(64 * t_small, 0.05), (kind, literal, small[:24], t_small, t_large)
+
+
+def test_the_old_jwt_pattern_fails_the_linear_time_check() -> None:
+    """The check above can fail: the jwt pattern as it was (a greedy header that may run over "-eyJ") is
+    quadratic on ``eyJab-`` repeated."""
+    old = SecretScanner({"jwt": r"\beyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"})
+    small, large = "eyJab-" * 500, "eyJab-" * 8_000
+    assert _scan_seconds(old, large) > 64 * _scan_seconds(old, small)
+
+
+def test_pgp_private_key_blocks_and_jwts_after_a_dash_are_caught() -> None:
+    """A PGP private key block is a private key; a JWT is caught whatever precedes it, its payload and signature
+    always inside the redacted span."""
+    scanner = make_scanner("builtin")
+    assert scanner is not None
+    pgp = "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF0AAAAB\n-----END PGP PRIVATE KEY BLOCK-----"
+    assert scanner.redact_text(f"key: {pgp} done", {}) == "key: [secret:private_key] done"
+    jwt = SAMPLES["jwt"]
+    for before in ("", "x-", "token=", "eyJab-", "eyJab-eyJcd-"):
+        out = scanner.redact_text(before + jwt, {})
+        assert jwt.split(".", 1)[1] not in out and out.endswith("[secret:jwt]"), (before, out)

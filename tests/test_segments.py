@@ -140,10 +140,10 @@ async def test_a_random_read_in_a_compressed_segment_decompresses_one_frame(stor
         await store.add_message({"role": "user", "content": f"m{i} " + "y" * 200})
     store._log.roll()
     await store.close()
-    from context_persistent.storage import segments
+    from context_persistent.storage import segment_file
     calls: list[int] = []
-    real = segments.decompress_frame
-    monkeypatch.setattr(segments, "decompress_frame", lambda frame, size: calls.append(size) or real(frame, size))
+    real = segment_file.decompress_frame
+    monkeypatch.setattr(segment_file, "decompress_frame", lambda frame, size: calls.append(size) or real(frame, size))
     lines = _all_lines(storage)
     with LogReader(storage / SID) as reader:
         seg = reader.segments[0]

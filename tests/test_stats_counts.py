@@ -151,7 +151,7 @@ def test_cli_stats_finds_the_newest_compaction_record_reading_back_from_the_end(
     assert got == {"at_seq": newest["seq"] - 1, "ts": newest["ts"], "seq": newest["seq"], **newest["data"]}
     # The record came from the backward read, which stops at it (not from the forward read of the whole log).
     from context_persistent.storage.backends import open_log
-    from context_persistent.cli.inspect import _newest_backwards
+    from context_persistent.cli.stats import _newest_backwards
 
     async def backwards() -> Any:
         log = await open_log(storage, S, {**CONFIG, "storage_path": str(storage)}, readonly=True)

@@ -3,6 +3,9 @@
 Each command group lives in its own module with a ``register(subparsers, common)`` function; this module
 only assembles them, sets the exit codes (0 ok, 1 problem found, 2 usage error) and turns errors into one
 clear line (a traceback only with ``--debug``).
+
+May import: every layer below (integrations, store, transfer, operations, storage, model, errors); nothing
+imports the command line. Checked by import-linter (``.importlinter``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import __version__
-from ..errors import ContextPersistentError
+from ..errors import ContextPersistentError, SessionNotFoundError
 
 #: Command modules, in the order their commands appear in ``--help``.
 COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "demo", "db")
@@ -163,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ContextPersistentError as e:  # first: MalformedInputError is also a ValueError, but a problem (1)
         if args.debug:
             raise
-        print(f"context-persistent {args.command}: {e}", file=sys.stderr)
+        hint = _did_you_mean(args) if isinstance(e, SessionNotFoundError) else ""
+        print(f"context-persistent {args.command}: {e}{hint}", file=sys.stderr)
         return EXIT_PROBLEM
     except (UsageError, ValueError) as e:
         if args.debug:
@@ -175,6 +179,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"context-persistent {args.command}: {e}", file=sys.stderr)
         return EXIT_PROBLEM
+
+
+def _did_you_mean(args: argparse.Namespace) -> str:
+    """For a session not found: the stored ids closest to the one given, and where to list them all."""
+    import difflib
+
+    wanted = getattr(args, "session", None)
+    if not isinstance(wanted, str):
+        return ""
+    try:
+        if backend_of(args):
+            import asyncio
+
+            from ..storage import pg
+
+            listed = asyncio.run(pg.list_sessions(args.dsn, backend_of(args).get("pg_schema")))
+            ids = [str(r["session_id"]) for r in listed]
+        else:
+            from ..storage.segments import has_log
+
+            ids = [d.name for d in Path(storage_of(args)).iterdir() if not d.name.startswith(".") and has_log(d)]
+    except (OSError, ContextPersistentError):
+        return ""
+    close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6)
+    listing = "`context-persistent ls` lists the sessions"
+    return f"; did you mean {' or '.join(repr(c) for c in close)}? ({listing})" if close else f" ({listing})"
 
 
 def run() -> None:

@@ -17,7 +17,8 @@ from ..errors import ContextPersistentError, SessionLockedError, SessionNotFound
 from ..storage.paths import FILE_MODE, session_dir
 from ..storage.segments import has_log
 from . import backend_of, require_storage
-from .inspect import _parser, _run, _seq, print_json
+from .common import _parser, _run, _seq
+from .output import print_json
 
 
 class _Locked(ContextPersistentError):

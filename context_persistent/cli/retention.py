@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import asyncio
 from typing import Any
 
-from ..model.retention import POLICY_KEYS, RetentionPolicy
+from ..model.retention import MAX_COUNT, MAX_DAYS, POLICY_KEYS, RetentionPolicy
 from . import backend_of, require_storage
-from .inspect import print_json
+from .output import print_json
 
 EXAMPLES = """examples:
   context-persistent retention plan --max-age-days 90            what would expire, and why (changes nothing)
@@ -190,16 +191,22 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def _days(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+        value = math.nan
+    if not 0 <= value <= MAX_DAYS:  # (nan fails too)
+        raise argparse.ArgumentTypeError(f"expected a number of days from 0 to {MAX_DAYS:,}, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = -1
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_COUNT:,}, got {text!r}")
+    return value
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import UsageError, backend_of, storage_of
-from .inspect import _open, _parser, _positive, _run, _seq, human_size, print_json
+from .common import _open, _parser, _positive, _run, _seq
+from .output import human_size, print_json
 
 FORMATS = ("jsonl", "json", "markdown")
 VIEWS = ("full", "conversation", "reasoning", "request")

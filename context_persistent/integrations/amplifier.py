@@ -69,9 +69,10 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     if not session_id:
         raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
     ephemeral: Path | None = None
-    if is_validator(coordinator):
-        # A validator run is not a session: give it a private store that the cleanup deletes, so it leaves
-        # nothing in the configured storage and takes no lock another process could collide with.
+    if is_validator(coordinator) and not any(config.get(k) for k in ("storage_path", "backend", "dsn")):
+        # A validator run (the test coordinator, no storage configured) is not a session: give it a private
+        # store that the cleanup deletes, so it leaves nothing in the default storage and takes no lock another
+        # process could collide with. A test coordinator given a storage is an app's test: it persists there.
         ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
         for key in ("backend", "dsn", "pg_schema"):
             config.pop(key, None)

@@ -26,15 +26,23 @@ SEGMENT_RULES = ("max_age_days", "max_segments")
 DEFAULT_GRACE_DAYS = 7.0
 
 
+#: The largest day count a policy takes (about 2,700 years: a date that far ahead is still a date; 1e10 days is
+#: not, and once ended in an OverflowError); counts and byte sizes stop at the largest 64-bit integer.
+MAX_DAYS = 1_000_000
+MAX_COUNT = 2**63 - 1
+
+
 def _number(config: dict[str, Any], key: str, *, integer: bool, minimum: float) -> Any:
     value = config.get(key)
     if value is None:
         return None
     kind = "a whole number" if integer else "a number"
+    maximum = MAX_COUNT if integer else MAX_DAYS
+    rule = f"retention.{key} must be {kind} from {minimum:g} to {maximum:,} (or null for no limit), got {value!r}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise ValueError(f"retention.{key} must be {kind} ≥ {minimum:g} (or null for no limit), got {value!r}")
-    if not math.isfinite(value) or value < minimum:
-        raise ValueError(f"retention.{key} must be {kind} ≥ {minimum:g} (or null for no limit), got {value!r}")
+        raise ValueError(rule)
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        raise ValueError(rule)
     return value
 
 

@@ -31,14 +31,20 @@ from . import codec
 #: The built-in patterns: kind -> regex (a group named ``secret`` limits what is replaced).
 BUILTIN_PATTERNS: dict[str, str] = {
     "aws_access_key": r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-    "private_key": (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
-                    r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)"),  # (cut short: up to the end of the text)
+    # PEM private keys and PGP private key blocks (cut short: up to the end of the text).
+    "private_key": (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                    r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"),
     "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
     "gitlab_token": r"\bglpat-[A-Za-z0-9_\-]{20,}",
     "slack_token": r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
     "anthropic_api_key": r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
     "openai_api_key": r"\bsk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
-    "jwt": r"\beyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}",
+    # Linear time: a header never runs over a "-eyJ" (where another match could start) and its quantifiers are
+    # possessive, so each character is scanned from one start at most. (A greedy header scanned to the end of
+    # every "eyJab-eyJab-..." run from each of its starts: quadratic, minutes of a stalled loop for 1 MB.) A
+    # header holding "-eyJ" is matched from its last one: what is left before it is part of the header, never
+    # of the payload or the signature.
+    "jwt": r"\beyJ(?:[A-Za-z0-9_]|-(?!eyJ)){5,}+\.eyJ[A-Za-z0-9_\-]{5,}+\.[A-Za-z0-9_\-]{5,}",
     "bearer_token": r"(?i:\bbearer)\s+(?P<secret>[A-Za-z0-9\-._~+/]{16,}=*)",
 }
 

@@ -47,7 +47,7 @@ def _number(name: str) -> int:
 
 
 def _records_state(log: FileEventLog, records: list[tuple[dict[str, Any], int]], upto: int | None) -> Projection:
-    from ..storage.checkpoint.policy import seed_state
+    from ..storage.checkpoint.replay import seed_state
 
     state = seed_state(log, None)
     for rec, _ in records:

@@ -1,9 +1,12 @@
 """The file event log: one append-only JSONL file per session (I/O only; it decides no policy).
 
 That file, ``events.jsonl``, is the log's active segment: once it reaches ``segment_bytes`` (or on ``roll()``)
-it is sealed into an immutable segment listed in the manifest and a new one starts (segments.py,
+it is sealed into an immutable segment listed in the manifest and a new one starts (manifest.py,
 segment_store.py; docs/format.md, "Segments"). Positions are global across segments; a log that never rolled
 is a single file, as every log was before segments.
+
+This module holds the writer: open, append, roll, replace, close. Reading and verifying the records is
+log_reading.py (``read_batches``, ``record_before``), what a crash leaves after the last record torn_tail.py.
 
 Blocking system calls live in plain methods. Appending runs the write and the ``fdatasync`` directly on the
 caller's thread, in every fsync mode: a thread hop costs more than the sync itself on fast disks (about
@@ -22,41 +25,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..model import codec
-from ..errors import (ConcurrencyError, LogCorruptedError, LogWriteError, SessionLockedError, SessionNotFoundError,
-                     SessionTrashedError, UnsafeStorageError)
-from .paths import (FILE_MODE, LOCK_NAME, LOG_NAME, NOFOLLOW, check_storage_root, fsync_dir, make_private_dirs,
-                    open_private_dir, open_private_file, private_dir, write_all)
+from ..errors import (ConcurrencyError, LogCorruptedError, LogWriteError, SessionNotFoundError, SessionTrashedError,
+                      UnsafeStorageError)
+from . import log_reading
+from .paths import (LOCK_NAME, LOG_NAME, check_storage_root, fsync_dir, make_private_dirs, open_private_dir,
+                    open_private_file, write_all)
 from .running_hash import RunningHash
 from .segment_store import SealSummary, compress_segment, recover, replace_segments, seal_active
-from .lockfile import FileLock, _read_lock_pid
-from .records import (RESERVE, RESERVE_MAX, _valid_record_ahead, crash_leaves, data_end, data_size, line_at,  # noqa: F401
-                      scan)
-from .segments import (MIN_SEGMENT_BYTES, SEGMENT_BYTES, LogReader, Manifest, Segment, check_segment_bytes,  # noqa: F401
-                       read_line_at)
+from .lockfile import FileLock
+from .records import RESERVE, RESERVE_MAX, crash_leaves, data_end, data_size, line_at, scan
+from .manifest import MIN_SEGMENT_BYTES, SEGMENT_BYTES, Manifest, Segment, check_segment_bytes
+from .segments import LogReader, read_line_at
+from .torn_tail import TornTail, save_torn_tail
 
 logger = logging.getLogger("context_persistent")
 
 FSYNC_MODES = ("always", "batch", "never")
-
-@dataclass
-class TornTail:
-    """What open found after the last valid record and cut off (writer) or ignored (reader)."""
-
-    offset: int
-    length: int
-    line: int
-    reason: str
-    saved_to: str | None = None
 
 
 def _check_not_moved(directory: Path, dir_fd: int, session_id: str, lock: FileLock) -> None:
@@ -94,7 +86,7 @@ class FileEventLog:
         if not isinstance(compress_sealed, bool):
             raise ValueError(f"compress_sealed must be true or false, got {compress_sealed!r}")
         self.compress_sealed = compress_sealed
-        #: The sealed segments (segments.py); None for a single-file log (no manifest).
+        #: The sealed segments (manifest.py); None for a single-file log (no manifest).
         self._manifest: Manifest | None = None
         #: The running SHA-256 of the active segment (running_hash.py), and its first record's seq and crc
         #: once known: what sealing it needs, without reading it back.
@@ -201,7 +193,7 @@ class FileEventLog:
 
     @property
     def position(self) -> int:
-        """The global position after the last valid record (segments.py: positions)."""
+        """The global position after the last valid record (manifest.py: positions)."""
         return self.base + (self.size if self.torn is None else self.torn.offset)
 
     def first_crc(self) -> str | None:
@@ -216,184 +208,27 @@ class FileEventLog:
             return self._reader.copy()
         return LogReader(self.directory, self.session_id)
 
-    # -- reading ------------------------------------------------------------------------------------
+    # -- reading (log_reading.py) ------------------------------------------------------------------
     def record_before(self, position: int) -> dict[str, Any] | None:
         """The valid record that ends exactly at global byte ``position``, else None (checkpoint anchor check)."""
-        if position <= 0 or position > self.base + self.size:
-            return None
-        if position <= self.base or self._reader is not None:
-            with self.reader() as reader:
-                line = reader.line_ending_at(position)
-            try:
-                return codec.decode(line) if line.endswith(b"\n") else None
-            except (codec.RecordError, ValueError):
-                return None
-        position -= self.base
-        back = 0
-        with open(self.path, "rb") as f:
-            while True:  # look back 4 KiB, then 64 KiB, 1 MiB, ... for the newline before the record
-                back = min(position, max(back * 16, 4096))
-                f.seek(position - back)
-                chunk = f.read(back)
-                start = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
-                if start > 0 or back == position:
-                    break
-        if not chunk.endswith(b"\n"):
-            return None
-        try:
-            return codec.decode(chunk[start:])
-        except (codec.RecordError, ValueError):
-            return None
+        return log_reading.record_before(self, position)
 
-    def _checked_position(self, after_seq: int, position: int | None) -> tuple[int, dict[str, Any] | None]:
-        """``(position, its record)`` if the record ending there has seq ``after_seq``; else ``(0, None)``
-        (read from the start)."""
-        if not position or after_seq <= 0:
-            return 0, None
-        rec = self.record_before(position)
-        return (position, rec) if rec is not None and rec["seq"] == after_seq else (0, None)
-
-    async def read_batches(self, after_seq: int = 0, position: int | None = None,
-                           batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
-        start, anchor = self._checked_position(after_seq, position)
-        floor = after_seq  # without a usable position we read from the start, yet still return seq > after_seq
-        if start == 0:
-            after_seq = 0
-        out: list[dict[str, Any]] = []
-        base = self.base
-        end = start
-        n = 0  # records read from the active segment
-        last = after_seq
-        # Each record must name the one before it (codec.Links); a break is corruption unless a repair recorded
-        # the seq gap it sits on (``log_repaired`` comes after the breaks it explains: checked at the end).
-        links = codec.Links(self.session_id, None if anchor is None else anchor["crc"],
-                            anchor is not None and anchor.get("prev") is not None)
-        boundary = self.manifest.boundary if self.manifest is not None else None
-        if anchor is None and boundary is not None:  # the oldest segments expired: the log begins after them
-            start, last = boundary.start, boundary.last_seq
-            end = start
-            links = codec.Links(self.session_id, boundary.last_crc, True)
-        breaks: list[tuple[int, int, int, str]] = []
-        explained: set[tuple[int, int]] = set()
-        spans: list[tuple[int, int]] = []
-        for rec, rec_end in self._records(start):
-            if rec_end > base:
-                n += 1
-            seq = rec["seq"]
-            if seq <= last:
-                raise self._corrupt(end, f"seq {seq} does not follow seq {last}")
-            prev = rec["prev"]
-            if prev is None or prev != links.last:
-                problem = links.check(rec)
-                if problem is not None:
-                    breaks.append((last, seq, end, problem))
-            else:
-                links.last = rec["crc"]
-            if breaks and rec["type"] == "log_repaired":
-                explained.update((a, b) for a, b in rec["data"].get("gaps", ()))
-            last = seq
-            rec_start, end = end, rec_end
-            if seq <= floor:
-                continue
-            out.append(rec)
-            spans.append((rec_start, rec_end))
-            if len(out) >= batch:
-                self.batch_spans = spans
-                yield out
-                out, spans = [], []
-        for after, seq, at, problem in breaks:
-            if (after, seq) not in explained:
-                raise self._corrupt(at, f"record seq {seq} {problem}")
-        if out:
-            self.batch_spans = spans
-            yield out
-        self.last_seq = max(self.last_seq, last)
-        if links.last is not None:
-            self.last_crc = links.last.encode()
-        self.torn = None
-        file_end = max(end - base, 0)
-        if self.size > file_end:
-            self.torn = TornTail(offset=file_end, length=self.size - file_end,
-                                 line=n + 1 if start <= base else line_at(self.path, file_end),
-                                 reason=self._tail_reason(file_end, self.size))
+    def read_batches(self, after_seq: int = 0, position: int | None = None,
+                     batch: int = 4096) -> AsyncIterator[list[dict[str, Any]]]:
+        """Valid records with ``seq > after_seq`` in lists of up to ``batch`` (eventlog.py); records the torn
+        tail found after the last valid one in ``torn``, each batch's byte spans in ``batch_spans``."""
+        return log_reading.read_batches(self, after_seq, position, batch)
 
     def _records(self, start: int) -> Iterator[tuple[dict[str, Any], int]]:
-        """``(record, global end)`` of every valid record from global ``start``: the sealed segments (where
-        any bad line is corruption: they were verified when sealed), then the active one (``scan``)."""
-        base = self.base
-        if start < base:
-            with self.reader() as reader:
-                decode = codec.decode
-                for at, line in reader.lines(start, base):
-                    try:
-                        if line[-1:] != b"\n":
-                            raise codec.RecordError("a sealed segment ends inside a record")
-                        rec = decode(line)
-                    except codec.RecordError as e:
-                        raise self._corrupt(at, str(e), reader) from None
-                    yield rec, at + len(line)
-            start = base
-        active = self.path if self._reader is None else self._reader
-        if self.size <= start - base:
-            return
-        for rec, end in scan(active, start - base, 1 if start == base else None, self.size,
-                             strict_tail=self.fsync_mode != "never"):
-            yield rec, base + end
-
-    def _corrupt(self, position: int, reason: str, reader: LogReader | None = None) -> LogCorruptedError:
-        """LogCorruptedError naming the file, line and offset of global ``position``."""
-        if position >= self.base:
-            return LogCorruptedError(str(self.path), line_at(self.path, position - self.base), position - self.base,
-                                     reason)
-        if reader is None:
-            with self.reader() as r:
-                return self._corrupt(position, reason, r)
-        path, offset = reader.where(position)
-        return LogCorruptedError(str(path), reader.line_number(position), offset, reason)
-
-    def _tail_reason(self, start: int, end: int) -> str:
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-        nl = data.find(b"\n")
-        if nl < 0:
-            return f"unterminated last record ({len(data)} bytes, no newline): a write cut short by a crash"
-        try:
-            codec.decode(data[: nl + 1])
-            reason = "trailing bytes after the last record"
-        except codec.RecordError as e:
-            reason = f"last record fails verification: {e}"
-        if nl + 1 < len(data):
-            reason += f"; the {len(data) - nl - 1} bytes after it hold no valid record either"
-        return reason
+        """``(record, global end)`` of every valid record from global ``start``, across segments."""
+        return log_reading.records(self, start)
 
     def cut_torn_tail(self) -> TornTail | None:
         """Move the torn bytes to a side file, truncate the log to the valid prefix, fsync both."""
         torn = self.torn
         if torn is None or self.readonly:
             return None
-        with open(self.path, "rb") as f:
-            f.seek(torn.offset)
-            data = f.read(torn.length)
-        side = self.directory / f"{LOG_NAME}.torn-{torn.offset}-{os.getpid()}-{os.urandom(3).hex()}"
-        try:
-            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(self.directory)  # the side file is durable before the log loses the bytes
-        except OSError as e:
-            side.unlink(missing_ok=True)
-            raise LogWriteError(str(side), "save the torn tail of the log to", e,
-                                "the log was not changed (free space or fix permissions, then open again)") from e
-        try:
-            os.ftruncate(self._fd, torn.offset)
-            os.fsync(self._fd)
-        except OSError as e:
-            raise LogWriteError(str(self.path), "cut the torn tail of", e,
-                                f"its bytes are saved in {side}; open the session again to retry") from e
+        side = save_torn_tail(self.directory, self.path, self._fd, torn)
         self.size = self._reserved = torn.offset
         self._new_hash(torn.offset)
         torn.saved_to = str(side)

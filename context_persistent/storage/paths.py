@@ -142,7 +142,8 @@ def open_private_file(dir_fd: int, name: str, flags: int, folder: Path) -> int:
         if e.errno == errno.ELOOP:
             raise UnsafeStorageError(errno.ELOOP, f"{where} is a symbolic link; the store never writes through "
                                      "one (remove it; the store recreates what it needs)", str(where)) from None
-        raise
+        # (openat names only ``name`` in its error: say where, e.g. "Permission denied: '/s/sess/lock'")
+        raise type(e)(e.errno, e.strerror, str(where)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -1,6 +1,6 @@
 """Writer-side steps on a segmented log: seal (roll), compress, replace a sealed segment, and recovery.
 
-Every step that changes more than one file commits by writing the manifest (segments.py) with the new
+Every step that changes more than one file commits by writing the manifest (manifest.py) with the new
 segment list and a ``pending`` list of the renames and removals still to do, then does them, then writes
 the manifest again without them. A writer killed at any point leaves either the old manifest (and at most a
 temp file nobody refers to, which :func:`recover` removes) or the new one with its pending steps, which
@@ -27,8 +27,9 @@ from ..errors import LogCorruptedError, SessionNotFoundError
 from .paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from .lockfile import FileLock
 from .records import data_end, scan
-from .segments import (check_segment_bytes, MANIFEST_NAME, SEALED_MODE, SEGMENT_PREFIX, ZST, Compressed, Manifest, ManifestError, Segment,
-                       compress, decompress_all, load_manifest, segment_name, sha256_hex, write_manifest)
+from .manifest import (check_segment_bytes, MANIFEST_NAME, SEALED_MODE, SEGMENT_PREFIX, ZST, Compressed, Manifest, ManifestError, Segment,
+                       load_manifest, segment_name, sha256_hex, write_manifest)
+from .segment_file import compress, decompress_all
 
 logger = logging.getLogger("context_persistent")
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
+from .opening import Opening
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .session import Session
     from .system_prompt import SystemPrompt
     from .writer import Writer
+
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
 
@@ -106,8 +108,14 @@ class PersistentContextManager:
     _view_cache = _kept("_views", "cache")
     _deferred = _kept("_writer", "deferred")
 
-    def __init__(self, *, storage_path: Path, session_id: str, log: EventLog, config: dict[str, Any],
-                 hooks: Any = None) -> None:
+    def __init__(self, *, storage_path: Path, session_id: str, log: EventLog | None = None,
+                 config: dict[str, Any] | None = None, hooks: Any = None) -> None:
+        if log is None or config is None:  # (the natural spelling of a user who has not read open's docs)
+            raise TypeError(
+                "a PersistentContextManager is opened, not constructed: use "
+                "`store = await PersistentContextManager.open(storage_path=..., session_id=...)` or "
+                "`async with PersistentContextManager.open(storage_path=..., session_id=...) as store:` "
+                "(open replays the session's log and takes its writer lock)")
         from .appends import Appends
         from .edits import HistoryEdits
         from .erase import Eraser
@@ -132,9 +140,13 @@ class PersistentContextManager:
 
     # -- opening (lifecycle.py)  -------------------------------------------------------------
     @classmethod
-    async def open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
-                   readonly: bool = False, **config: Any) -> "PersistentContextManager":
+    def open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
+             readonly: bool = False, **config: Any) -> "Opening":
         """Open (creating if needed) a session's store and replay its log.
+
+        Awaitable and an async context manager: ``store = await PersistentContextManager.open(...)``, or
+        ``async with PersistentContextManager.open(...) as store:`` (``async with await ...`` works too), which
+        closes the store on leaving the block.
 
         ``storage_path`` is the root folder (``~`` is expanded; created with mode 0700 if missing) and
         ``session_id`` the session's folder name in it. ``hooks`` receives the store's events (``emit``).
@@ -146,6 +158,12 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
+        return Opening(cls._open(storage_path=storage_path, session_id=session_id, hooks=hooks, readonly=readonly,
+                                 **config))
+
+    @classmethod
+    async def _open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
+                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
         from ..operations.retention_on_open import open_store_log
         from ..storage.paths import validate_session_id
 
@@ -322,9 +340,11 @@ class PersistentContextManager:
                     reason: str = "") -> dict[str, Any]:
         """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
 
-        Name the message by ``message_index`` (its position in ``get_messages()``) or by ``seq`` (the record
-        that added it; ``index`` is its position in a ``messages_replaced`` or ``system_prompt_set`` record,
-        0 otherwise): ``seq`` can name a message no longer in the history (before a clear). Every copy of the
+        Name the message by ``seq`` (the record that added it; ``index`` is its position in a
+        ``messages_replaced`` or ``system_prompt_set`` record, 0 otherwise), which names the same message for
+        ever, even one no longer in the history (before a clear); or by ``message_index``, its position in
+        ``get_messages()`` *now*: each erase or redaction shifts the positions after it, so never erase several
+        positions taken from one earlier listing (the receipt's ``seq`` says which message was erased). Every copy of the
         same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
         chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
         exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one

@@ -4,7 +4,7 @@ A checkpoint is a cache. Open = newest valid checkpoint + the records after it; 
 truncated, corrupt, foreign or too-new checkpoint is ignored (full replay) and never changes the result.
 Deleting one is always safe.
 
-Three layers, so any backend can store the same payload (each module imports only those listed before it;
+Layers, so any backend can store the same payload (each module imports only those listed before it;
 this package re-exports their names):
 
 * the payload (pure): in ``payload.py``, :func:`snapshot` serialises a :class:`Projection` (one
@@ -15,6 +15,9 @@ this package re-exports their names):
 * where it is stored (I/O, ``store.py``): a :class:`CheckpointStore` (``load``/``save``/``discard`` of payload
   bytes); :class:`FileCheckpointStore` keeps ``<session>/checkpoint.json`` (temp file 0600, fsync, rename,
   fsync folder). Another backend exposes its own store as ``log.checkpoint_store``;
+* the log folded into a state outside the open's own replay (``replay.py``): :func:`seed_state`, where a
+  replay starts (seeded from the ``expired`` record when the oldest segments expired), and the folds that
+  complete a lazily opened checkpoint (:func:`replay_from_base`, :func:`replay_sync`);
 * when (``policy.py``: :class:`Checkpointer`, used by the manager): every ``checkpoint_every`` events and on
   close.
 
@@ -39,7 +42,7 @@ and parsed when something needs the whole history (:class:`~context_persistent.m
 descriptor opened at open (a newer checkpoint renamed over it later does not change what it reads). If the
 state section then fails verification, the history is rebuilt from the log instead (it is the source of truth).
 A PostgreSQL checkpoint (the same payload in one ``bytea``) opens the same way: its header and front section are
-read as ``substring``\ s of the row, the state section later, with a check that the row still holds the payload
+read as ``substring`` calls on the row, the state section later, with a check that the row still holds the payload
 whose front was read (``pg/log.py``: ``PostgresCheckpointStore.open_front``, ``PostgresStateSection``).
 
 A *based* checkpoint (``base`` not null) is what a store writes while its history is still lazy: a new header
@@ -69,6 +72,7 @@ from .payload import (CHECKPOINT_VERSION, DUMP_STEP, READABLE_VERSIONS, SCHEMA, 
                       dump_in_steps, encode, encode_front, mismatch, restore, snapshot)
 from .front import FRONT_EXTRA_TURNS, FRONT_MAX_SPAN, FRONT_RECENT_FACTOR, SystemIndex, front_of, restore_front
 from .store import CheckpointStore, FileCheckpointStore, checkpoint_store_for, first_record_crc, read_front, read_state
+from .replay import replay_from_base, replay_sync, seed_state
 from .policy import BASE_MAX_FACTOR, CLOSE_MIN_BYTES, CLOSE_MIN_EVENTS, Checkpointer
 
 __all__ = [
@@ -76,5 +80,5 @@ __all__ = [
     "CheckpointStore", "Checkpointer", "DUMP_STEP", "FRONT_EXTRA_TURNS", "FRONT_MAX_SPAN", "FRONT_RECENT_FACTOR",
     "FileCheckpointStore", "READABLE_VERSIONS", "SCHEMA", "SystemIndex", "checkpoint_store_for", "decode",
     "dump_in_steps", "encode", "encode_front", "first_record_crc", "front_of", "mismatch", "read_front",
-    "read_state", "restore", "restore_front", "snapshot",
+    "read_state", "replay_from_base", "replay_sync", "restore", "restore_front", "seed_state", "snapshot",
 ]
