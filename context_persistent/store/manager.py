@@ -508,7 +508,7 @@ class PersistentContextManager:
         ``path``). Raises SessionExistsError if the new session exists, ValueError for a bad id or
         ``at_seq``.
         """
-        from ..transfer.snapshot import fork
+        from ..transfer.new_session import fork
 
         return await fork(self, new_session_id, at_seq=at_seq)
 
@@ -516,7 +516,7 @@ class PersistentContextManager:
         """Returns a read-only store showing this session as it was right after event ``seq`` (close it after
         use); it has every read method. Raises ValueError if ``seq`` is not between 1 and ``head_seq``,
         StoreClosedError after ``close()``."""
-        from ..transfer.snapshot import open_at
+        from ..transfer.time_travel import open_at
 
         self._s.check_open()
         return await open_at(self, seq)

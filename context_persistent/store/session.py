@@ -98,7 +98,7 @@ class Session:
         """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
         ``chunk`` (``PersistentContextManager.iter_messages``)."""
         from ..model.events import copy_json
-        from ..model.projection import PagedList, _resolve
+        from ..model.history_lists import PagedList, _resolve
 
         self.check_open()
         messages: Any = self.full().messages  # (a lazy history loads its refs, never its messages)
