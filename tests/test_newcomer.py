@@ -175,3 +175,21 @@ async def test_show_and_markdown_export_print_openai_agents_replies_as_text(
     assert _cli("--storage", str(tmp_path), "export", "agent", str(out), env=subprocess_env).returncode == 0
     text = out.read_text()
     assert "\nIt is four.\n" in text and '"output_text"' not in text
+
+
+@pytest.mark.parametrize("view", ["full", "conversation", "reasoning"])
+async def test_a_markdown_export_counts_the_messages_of_its_view(tmp_path: Path, subprocess_env: dict[str, str],
+                                                                  view: str) -> None:
+    """The Markdown export of every view says how many messages it holds, in its header and in what the
+    command prints (the conversation and reasoning views once said 0)."""
+    async with PersistentContextManager.open(storage_path=tmp_path, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "list files"})
+        await store.add_message({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        await store.add_message({"role": "tool", "tool_call_id": "c1", "content": "a.txt"})
+        await store.add_message({"role": "assistant", "content": "one file: a.txt"})
+    expected = {"full": 4, "conversation": 2, "reasoning": 4}[view]
+    out = tmp_path / f"{view}.md"
+    proc = _cli("--storage", str(tmp_path), "export", "s", str(out), "--view", view, env=subprocess_env)
+    assert proc.returncode == 0 and f"exported {expected} messages" in proc.stdout, proc
+    assert f"{expected} messages" in out.read_text()

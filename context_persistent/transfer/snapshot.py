@@ -130,6 +130,7 @@ async def export(store: PersistentContextManager, path: str | os.PathLike[str], 
     try:
         if format == "markdown":  # (for people: rendered whole)
             messages = [m async for m in source()]
+            header["messages"] = len(messages)  # (a view other than full is counted as it is read)
             await write_atomic(Path(path), list(sc.encode_snapshot(header, messages, format)), progress)
         else:
             await _write_streamed(Path(path), header, format, source, progress)
