@@ -127,17 +127,20 @@ class Calibration:
     reports at open (the newest ``WINDOW`` per key are all the fit reads, so a suffix of the log gives the
     same fit as the whole log when it holds them)."""
 
-    __slots__ = ("points", "counts", "last_key")
+    __slots__ = ("points", "counts", "last_key", "_fits")
 
     def __init__(self) -> None:
         self.points: dict[Key, deque[tuple[int, int]]] = {}
         self.counts: dict[Key, int] = {}
         #: The key of the newest report: the model in use when a request does not name one.
         self.last_key: Key | None = None
+        #: Fits made since the last report (a request asks for one; the fit reads up to WINDOW^2 pairs).
+        self._fits: dict[Key, tuple[Fit, Key]] = {}
 
     def apply(self, data: Mapping[str, Any]) -> None:
         key: Key = (data.get("provider"), data.get("model"))
         self.last_key = key
+        self._fits.clear()
         reported = request_tokens(data)
         estimated = data.get("estimated_tokens")
         if not reported or not isinstance(estimated, int) or estimated < 1:
@@ -163,6 +166,14 @@ class Calibration:
         return None
 
     def fit_for(self, provider: str | None, model: str | None) -> tuple[Fit, Key]:
+        """The fit a request to ``provider``/``model`` is made with, and the key it belongs to."""
+        memo = (provider, model)
+        made = self._fits.get(memo)
+        if made is None:
+            made = self._fits[memo] = self._fit_for(provider, model)
+        return made
+
+    def _fit_for(self, provider: str | None, model: str | None) -> tuple[Fit, Key]:
         key = self.key_for(provider, model)
         if key is None or key not in self.points:
             name = key or (provider, model)
