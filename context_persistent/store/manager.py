@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
+from .delegation import _kept, _Limit
 from .opening import Opening
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
@@ -36,34 +37,6 @@ if TYPE_CHECKING:
 
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
-
-
-def _kept(part: str, attr: str, doc: str | None = None) -> Any:
-    """A store attribute kept by one of its parts: ``store.<name>`` reads and sets ``<part>.<attr>``."""
-
-    def get(store: Any) -> Any:
-        return getattr(getattr(store, part), attr)
-
-    def put(store: Any, value: Any) -> None:
-        setattr(getattr(store, part), attr, value)
-
-    get.__doc__ = doc
-    return property(get, put)
-
-
-class _Limit:
-    """A class-level number the request views read, which tests lower on one store."""
-
-    def __init__(self, part: str, attr: str, default: int) -> None:
-        self.part, self.attr, self.default = part, attr, default
-
-    def __get__(self, store: Any, owner: Any = None) -> int:
-        if store is None:
-            return self.default
-        return int(getattr(getattr(store, self.part), self.attr))
-
-    def __set__(self, store: Any, value: int) -> None:
-        setattr(getattr(store, self.part), self.attr, value)
 
 
 class PersistentContextManager:
