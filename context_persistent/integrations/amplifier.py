@@ -93,11 +93,13 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         if ephemeral is not None:
             shutil.rmtree(ephemeral, ignore_errors=True)
         raise
+    unregister = None
     try:
         await coordinator.mount("context", store)
         register = getattr(coordinator, "register_contributor", None)
         if callable(register):
             register("observability.events", "context-persistent", lambda: list(OBSERVABLE_EVENTS))
+        unregister = register_usage_hook(coordinator, store)
     except BaseException:
         await store.close()
         if ephemeral is not None:
@@ -106,9 +108,71 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
 
     async def cleanup() -> None:
         try:
+            if callable(unregister):
+                unregister()
             await store.close()
         finally:
             if ephemeral is not None:
                 shutil.rmtree(ephemeral, ignore_errors=True)
 
     return cleanup
+
+
+#: The hook event loop-basic (and every orchestrator that follows it) emits after ``provider.complete()``:
+#: ``{"provider": name, "usage": Usage, "tool_calls": bool}`` (amplifier_core.events.PROVIDER_RESPONSE).
+PROVIDER_RESPONSE = "provider:response"
+
+
+def _model_of(coordinator: Any, provider_name: Any) -> tuple[str | None, str | None]:
+    """(provider, model) for a report: the mounted provider's own name and model where it says (the names the
+    store's request views see), else the name the event gives."""
+    from ..store.usage import provider_identity
+
+    providers = None
+    get = getattr(coordinator, "get", None)
+    if callable(get):
+        try:
+            providers = get("providers")
+        except Exception:  # (a coordinator without providers: the event's name alone)
+            providers = None
+    provider = providers.get(provider_name) if isinstance(providers, dict) else None
+    name, model = provider_identity(provider)
+    return name or (provider_name if isinstance(provider_name, str) else None), model
+
+
+def register_usage_hook(coordinator: Any, store: PersistentContextManager) -> Any:
+    """Record each ``provider:response`` of this session in ``store`` (``record_usage``); returns the
+    unregister function, or None when the coordinator has no hooks. Events of other sessions (sub-sessions
+    sharing the hooks) are left to their own stores. A report that cannot be recorded is one warning line:
+    usage never fails a turn."""
+    hooks = getattr(coordinator, "hooks", None)
+    register = getattr(hooks, "register", None)
+    if not callable(register):
+        return None
+    own = str(getattr(coordinator, "session_id", None) or store.session_id)
+
+    async def on_provider_response(event: str, data: dict[str, Any]) -> Any:
+        try:
+            sid = data.get("session_id")
+            usage = data.get("usage")
+            if usage is not None and (sid is None or str(sid) in (own, store.session_id)) and not store.closed:
+                if isinstance(usage, dict) and isinstance(usage.get("cost_usd"), str):
+                    usage = {**usage, "cost_usd": float(usage["cost_usd"])}  # (a Decimal, sanitised to text)
+                provider, model = _model_of(coordinator, data.get("provider"))
+                await store.record_usage(usage, provider=provider, model=model, source="amplifier")
+        except Exception as e:
+            logger.warning("context-persistent: usage of a provider response not recorded: %s", e)
+        return _continue()
+
+    try:
+        return register(PROVIDER_RESPONSE, on_provider_response, name="context-persistent-usage")
+    except TypeError:  # (a registry without names)
+        return register(PROVIDER_RESPONSE, on_provider_response)
+
+
+def _continue() -> Any:
+    try:
+        from amplifier_core.models import HookResult
+    except ImportError:  # (a host without amplifier_core: its hooks take None as "continue")
+        return None
+    return HookResult(action="continue")

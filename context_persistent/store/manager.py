@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .request_views import RequestViews
     from .session import Session
     from .system_prompt import SystemPrompt
+    from .usage import UsageMeter
     from .writer import Writer
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
@@ -116,6 +117,7 @@ class PersistentContextManager:
         from .request_views import RequestViews
         from .session import Session
         from .system_prompt import SystemPrompt
+        from .usage import UsageMeter
         from .writer import Writer
 
         self._s = s = Session(storage_path=storage_path, session_id=session_id, log=log, config=config, hooks=hooks)
@@ -128,7 +130,8 @@ class PersistentContextManager:
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
         self._eraser = Eraser(s, writer, self._appends, self._edits, self._forget_derived, self)
-        self._life = Lifecycle(s, writer, self._appends)
+        self._usage = UsageMeter(s, writer)
+        self._life = Lifecycle(s, writer, self._appends, self._usage.rebuild)
 
     # -- opening (lifecycle.py)  -------------------------------------------------------------
     @classmethod
@@ -421,7 +424,9 @@ class PersistentContextManager:
                                        ) -> list[dict[str, Any]]:
         """Returns the history made valid for a provider and, over the threshold, fitted to the budget.
 
-        ``token_budget`` and ``provider`` choose the budget as ``resolve_budget`` does. The view is cached
+        ``token_budget`` and ``provider`` choose the budget as ``resolve_budget`` does, in the provider's tokens;
+        with ``calibrate`` (the default) the view is fitted so that the provider's count of it, as calibrated
+        from its reports (``record_usage``), stays inside that budget (docs/tokens.md). The view is cached
         until the log or the budget changes, so repeated calls cost O(1). The list is new on
         every call; the message dicts in it belong to the cached view (never to the stored history): treat them
         as read-only, or set ``copy_request_view: true`` to get deep copies (see docs/compaction.md).
@@ -430,7 +435,9 @@ class PersistentContextManager:
         self._s.check_open()
         self._appends.end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         await self._prompt.refresh()
-        view = await self._views.view(*self.resolve_budget(token_budget, provider))
+        budget, source = self.resolve_budget(token_budget, provider)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        self._usage.serve(self._s.state.head_seq, view.token_count, provider)
         if self._s.config["copy_request_view"]:
             return copy_json(view.messages)
         return list(view.messages)
@@ -442,7 +449,8 @@ class PersistentContextManager:
         Raises StoreClosedError after ``close()``, ValueError for a bad ``token_budget``.
         """
         self._s.check_open()
-        view = await self._views.view(*self.resolve_budget(token_budget, provider))
+        budget, source = self.resolve_budget(token_budget, provider)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:
@@ -455,10 +463,39 @@ class PersistentContextManager:
         ``tokens``, ``tokenizer``, ``tokenizer_exact``, ``fsync``, ``loaded_from_file``, ``last_compaction``
         (None, or the last compaction that changed the request view: ``at_seq``, ``ts``, ``budget``,
         ``budget_source``, ``strategy_used``, tokens and messages before and after, what was dropped, masked
-        or truncated) and ``checkpoint``. Raises StoreClosedError after ``close()``.
+        or truncated), ``checkpoint``; and where the numbers come from: ``sources`` (``tokens``: "estimated
+        (cl100k_base)" or "exact (...)"; ``budget``: "calibrated x1.38 + 2,100 fixed from 14 reports" or the
+        prior in use; ``last_usage``: "reported by the provider"), ``calibration`` (its slope, overhead,
+        reports, prior and the budgets of the last request) and ``last_usage`` (the newest report's data, or
+        None). Raises StoreClosedError after ``close()``.
         """
-        self._s.check_open()
-        return self._s.stats(self._ledger.total())
+        s = self._s
+        s.check_open()
+        return {**s.stats(self._ledger.total()), **self._usage.stats(s.counter.name, s.counter.exact)}
+
+    async def record_usage(self, usage: Any, *, provider: str | None = None, model: str | None = None,
+                           request_seq: int | None = None, estimated_tokens: int | None = None,
+                           source: str = "api", id: str | None = None,
+                           input_includes_cache: bool | None = None) -> dict[str, Any] | None:
+        """Record what a provider reported for a request: a ``usage_reported`` event (docs/format.md).
+
+        ``usage`` is a mapping or an object (amplifier_core ``Usage``, a pydantic model, ...) with
+        ``input_tokens`` (or ``prompt_tokens``), ``output_tokens`` (or ``completion_tokens``) and optionally
+        ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``request_seq`` and
+        ``estimated_tokens`` default to the request view this store served last (the request the report
+        answers). ``id`` (the provider's response id) makes recording the same report again a no-op.
+        ``input_includes_cache``: whether ``input_tokens`` already count the cached tokens (OpenAI: yes;
+        Anthropic: no; None: by the provider's name). The report calibrates the meter at once; the record is
+        written with the next append (or at close, or by the next group commit): never a write of its own on
+        the request path, and a kill before then loses this report, never repeats one.
+
+        Returns the event data (None if this ``id`` was recorded already). Raises ValueError for negative or
+        non-integer tokens, a negative cost, an unknown ``source``; TypeError if ``usage`` has no token
+        fields; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``.
+        """
+        return self._usage.record(usage, provider=provider, model=model, request_seq=request_seq,
+                                  estimated_tokens=estimated_tokens, source=source, id=id,
+                                  input_includes_cache=input_includes_cache)
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) ------------------------
     async def export(self, path: str | os.PathLike[str], *, format: str | None = None, view: str = "full",

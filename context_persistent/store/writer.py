@@ -175,5 +175,5 @@ class Writer:
             try:
                 await self.commit_with_deferred([])
             except Exception as e:
-                logger.warning("session %s: could not record %d compaction audit event(s): %s", s.session_id,
+                logger.warning("session %s: could not record %d deferred audit event(s) (compaction, usage): %s", s.session_id,
                                len(self.deferred), e)
