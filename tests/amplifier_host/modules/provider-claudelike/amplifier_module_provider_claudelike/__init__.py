@@ -10,8 +10,9 @@ rejects a request whose count is over the window the way Anthropic does (HTTP 40
 N tokens > M maximum", raised as amplifier_core's ``ContextLengthError``), so the turn fails.
 
 Config (the mount plan's ``config``): ``ratio`` (float > 0, default 1.4), ``overhead`` (int >= 0, default
-200), ``context_window`` (default 8000), ``max_output_tokens`` (default 200), ``model`` (default
-``claudelike-1``). It mounts as provider ``claudelike``.
+200), ``context_window`` (default 8000), ``max_output_tokens`` (default 200), ``name`` (the name it mounts under, default ``mimic``) and ``model``
+(default ``mimic-1``). The defaults deliberately match none of the store's per-provider priors (a name with
+"claude" in it would start from the Claude prior), so what a test measures is calibration from the reports.
 
 Script: a user message ``work N x W #K`` is answered by N calls, one after the other, of the ``bulk`` tool
 for W words (seeds K*1000, K*1000+1, ...), then by ``worked N``; anything else by ``reply to: <text>``.
@@ -90,18 +91,17 @@ def _setting(config: dict[str, Any], key: str, default: Any, kind: type, minimum
 
 
 class ClaudelikeProvider:
-    name = "claudelike"
-
     def __init__(self, session_id: str, config: dict[str, Any]) -> None:
         self.session_id = session_id
+        self.name = str(config.get("name", "mimic"))
         self.ratio = _setting(config, "ratio", 1.4, float, 0.01)
         self.overhead = _setting(config, "overhead", 200, int, 0)
         self.context_window = _setting(config, "context_window", 8000, int, 1)
         self.max_output_tokens = _setting(config, "max_output_tokens", 200, int, 0)
-        self.default_model = str(config.get("model", "claudelike-1"))
+        self.default_model = str(config.get("model", "mimic-1"))
 
     def get_info(self) -> ProviderInfo:
-        return ProviderInfo(id="claudelike", display_name="Claude-like (scripted)", credential_env_vars=[],
+        return ProviderInfo(id=self.name, display_name="Claude-like (scripted)", credential_env_vars=[],
                             capabilities=["tools"],
                             defaults={"model": self.default_model, "context_window": self.context_window,
                                       "max_output_tokens": self.max_output_tokens})
@@ -137,7 +137,7 @@ class ClaudelikeProvider:
                     "model": self.default_model}) + "\n")
         if rejected:
             raise ContextLengthError(f"prompt is too long: {tokens} tokens > {self.context_window} maximum",
-                                     provider="claudelike", model=self.default_model, status_code=400)
+                                     provider=self.name, model=self.default_model, status_code=400)
         assert response is not None
         return response
 
@@ -165,4 +165,4 @@ class ClaudelikeProvider:
 
 async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> None:
     provider = ClaudelikeProvider(str(getattr(coordinator, "session_id", "")), config or {})
-    await coordinator.mount("providers", provider, name="claudelike")
+    await coordinator.mount("providers", provider, name=provider.name)
