@@ -36,6 +36,10 @@ def __getattr__(name: str) -> object:
         from .store.importing import import_
 
         return import_
+    if name == "read_usage":
+        from .store.usage_read import read_usage
+
+        return read_usage
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __version__ = "0.1.0"
@@ -64,4 +68,5 @@ __all__ = [
     "__version__",
     "import_",
     "mount",
+    "read_usage",
 ]

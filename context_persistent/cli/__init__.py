@@ -20,7 +20,7 @@ from .. import __version__
 from ..errors import ContextPersistentError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "demo", "db")
+COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "usage", "demo", "db")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -35,6 +35,7 @@ EPILOG = """examples:
   context-persistent import transcript.jsonl migrated-session
   context-persistent fork my-session try-2 --at 40
   context-persistent verify my-session         check every record; exit 1 with a report if anything is wrong
+  context-persistent usage --by model          tokens and cost the providers reported, across the sessions
   context-persistent --storage /srv/agents ls  global options go before or after the command
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
   context-persistent --help                    this help; every command has its own --help with examples

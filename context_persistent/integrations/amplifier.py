@@ -156,8 +156,6 @@ def register_usage_hook(coordinator: Any, store: PersistentContextManager) -> An
             sid = data.get("session_id")
             usage = data.get("usage")
             if usage is not None and (sid is None or str(sid) in (own, store.session_id)) and not store.closed:
-                if isinstance(usage, dict) and isinstance(usage.get("cost_usd"), str):
-                    usage = {**usage, "cost_usd": float(usage["cost_usd"])}  # (a Decimal, sanitised to text)
                 provider, model = _model_of(coordinator, data.get("provider"))
                 await store.record_usage(usage, provider=provider, model=model, source="amplifier")
         except Exception as e:

@@ -10,13 +10,16 @@ the context never sees (tool schemas, the provider's framing). The fit leans hig
 - the slope is the median of the slopes between reports at least ``SPREAD`` times apart in size (robust to a
   report that wobbles), raised by ``MARGIN``, and never above ``r``, the largest whole ratio
   ``reported / estimated`` among the largest requests (which already includes the overhead, so is at least
-  the true slope); without two reports that far apart it is the provider's prior, also capped by ``r``;
+  the true slope); without two reports that far apart it is the provider's prior where that is a published
+  upper end (Claude, OpenAI), also capped by ``r``, else ``r`` itself;
 - the overhead is the smallest that puts every recent report on or under the line.
 
 So every recent report is predicted at or above what was reported, and a request larger than the smallest
 recent one is predicted at least ``(1 - e)`` times its true count, or ``(1 - 3e) * (1 + MARGIN)`` times,
-whichever is less, when the provider's counts wobble by a factor ``1 +- e`` (tests/test_usage_model.py
-checks this with Hypothesis).
+whichever is less, when the provider's counts wobble by a factor ``1 +- e``, provided the reports span a
+factor of ``SPREAD`` or the prior in use is at least the true slope (tests/test_usage_model.py checks this
+with Hypothesis). Before that, a provider counting more than its published prior is under-estimated by at
+most ``(true slope - prior) * (growth of the request since the largest report)``: one turn's growth.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class Prior:
 
     slope: float
     source: str
+    #: The slope is a published upper end for this provider: used as the slope until reports spread (else
+    #: the whole ratio of the reports is, which needs no assumption).
+    upper: bool = True
 
 
 #: Per-provider priors, matched on the provider and model names (first match wins). Claude's tokenizer is not
@@ -57,7 +63,8 @@ PRIORS: Final = (
                                          "strands-agents harness PR #2031: tiktoken undercounts by 23-40%)")),
     (("openai", "azure", "gpt", "o1", "o3", "o4"), Prior(1.0, "OpenAI models: tiktoken counts them exactly")),
 )
-UNKNOWN_PRIOR: Final = Prior(1.0, "no published calibration: the store's own count until the first report")
+UNKNOWN_PRIOR: Final = Prior(1.0, "no published calibration: the store's own count until the first report",
+                             upper=False)
 
 
 def prior_for(provider: str | None, model: str | None) -> Prior:
@@ -98,13 +105,18 @@ def fit(points: list[tuple[int, int]], prior: Prior, carried_overhead: int = 0, 
     ``carried_overhead`` is the overhead to assume before this key's first report (another model's, same host)."""
     if not points:
         return Fit(prior.slope, carried_overhead, 0, False, prior)
+    n = len(points)
+    points = [(e, r + 0.5) for e, r in points]  # (a reported count is a rounded one: up to half a token under)
     e_max = max(e for e, _ in points)
     ratio = max(r / e for e, r in points if 2 * e >= e_max)
     slopes = [(rj - ri) / (ej - ei) for ei, ri in points for ej, rj in points if ej >= SPREAD * ei]
-    raised = (median(slopes) if slopes else prior.slope) * (1 + MARGIN)
+    if slopes:
+        raised = median(slopes) * (1 + MARGIN)
+    else:
+        raised = prior.slope * (1 + MARGIN) if prior.upper else ratio
     slope = max(min(ratio, raised), 1e-3)
     overhead = max(0, max(r - slope * e for e, r in points))
-    return Fit(slope, int(overhead) + (overhead % 1 > 0), len(points) if reports is None else reports, True, prior)
+    return Fit(slope, int(overhead) + (overhead % 1 > 0), n if reports is None else reports, True, prior)
 
 
 Key = tuple[str | None, str | None]

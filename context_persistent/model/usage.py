@@ -90,6 +90,11 @@ def usage_data(usage: Any, *, provider: str | None = None, model: str | None = N
         raise ValueError(f"usage reports no tokens: none of {', '.join(s for v in SPELLINGS.values() for s in v)} "
                          f"in {sorted(m)!r}")
     cost = m.get("cost_usd")
+    if isinstance(cost, str):  # (amplifier_core's Usage dumps its Decimal cost as text)
+        try:
+            cost = Decimal(cost)
+        except ArithmeticError:
+            raise ValueError(f"usage cost_usd must be a non-negative number or None, got {cost!r}") from None
     if cost is not None:
         if isinstance(cost, bool) or not isinstance(cost, (int, float, Decimal)) or not math.isfinite(cost) \
                 or cost < 0:
