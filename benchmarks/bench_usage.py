@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from context_persistent import PersistentContextManager
+from context_persistent.model.tokens import TokenCounter
 from ._harness import Ctx, Row, Skip, compare, info, median
 from .workloads import sized_message, sized_messages, write_session
 
@@ -30,7 +31,12 @@ RATIO = 1.3
 FIXED = 300
 
 
-def _report(tokens: int) -> dict[str, Any]:
+_COUNTER = TokenCounter()
+
+
+def _report(view: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a Claude-class provider would report for ``view``: 1.3x the store's count plus 300 fixed."""
+    tokens = sum(_COUNTER.count_message(m) for m in view)
     return {"input_tokens": int(tokens * RATIO) + FIXED, "output_tokens": 40, "total_tokens": 0}
 
 
@@ -49,14 +55,15 @@ async def _turns(storage: Path, turns: int, fsync: str) -> tuple[float, float, f
             await plain.add_message(msg)
             await plain.get_messages_for_request()
             without.append(pc() - t)
-            tokens = await usage.get_token_count()  # (outside the turn: what the provider would have counted)
             t = pc()
             await usage.add_message(msg)
-            await usage.get_messages_for_request()
+            view = await usage.get_messages_for_request()
+            served = pc()
+            report = _report(view)  # (not timed: the provider's count)
             c = pc()
-            await usage.record_usage(_report(tokens), provider="bench", model="bench-1")
+            await usage.record_usage(report, provider="bench", model="bench-1")
             done = pc()
-            with_.append(done - t)
+            with_.append(served - t + done - c)
             calls.append(done - c)
         return median(without), median(with_), median(calls)
     finally:
@@ -70,8 +77,8 @@ async def _requests(storage: Path, calls: int, calibrate: bool) -> tuple[float, 
                                                 calibrate=calibrate)
     try:
         for i in range(20):
-            await store.get_messages_for_request()
-            await store.record_usage(_report(await store.get_token_count()), provider="bench", model="bench-1")
+            view = await store.get_messages_for_request()
+            await store.record_usage(_report(view), provider="bench", model="bench-1")
             await store.add_message(sized_message(300, role="assistant", seed=2000 + i))
         await store.get_messages_for_request()
         pc = time.perf_counter
