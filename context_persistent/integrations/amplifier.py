@@ -170,7 +170,7 @@ def register_usage_hook(coordinator: Any, store: PersistentContextManager) -> An
 
 def _continue() -> Any:
     try:
-        from amplifier_core.models import HookResult
+        from amplifier_core.models import HookResult  # type: ignore[import-untyped]
     except ImportError:  # (a host without amplifier_core: its hooks take None as "continue")
         return None
     return HookResult(action="continue")

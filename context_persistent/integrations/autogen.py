@@ -395,6 +395,18 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
                     await self._add(store, message)
         return store
 
+    async def record_usage(self, result: Any, *, provider: str | None = None, model: str | None = None) -> int:
+        """Record what the model reported: ``result`` is a ``CreateResult`` (what a model client's ``create``
+        returns), a ``RequestUsage``, or an agent's ``Response``/``TaskResult`` (its messages' ``models_usage``).
+        Returns the number of reports written (docs/integrations.md, "Usage")."""
+        from .usage_of import autogen_reports
+
+        store = await self.store()
+        done = 0
+        for usage, kw in autogen_reports(result):
+            done += await store.record_usage(usage, provider=provider, model=model, source="autogen", **kw) is not None
+        return done
+
     async def close(self) -> None:
         """Close the store if this context opened it."""
         if self._store is not None and self._owns_store:

@@ -106,16 +106,16 @@ def fit(points: list[tuple[int, int]], prior: Prior, carried_overhead: int = 0, 
     if not points:
         return Fit(prior.slope, carried_overhead, 0, False, prior)
     n = len(points)
-    points = [(e, r + 0.5) for e, r in points]  # (a reported count is a rounded one: up to half a token under)
-    e_max = max(e for e, _ in points)
-    ratio = max(r / e for e, r in points if 2 * e >= e_max)
-    slopes = [(rj - ri) / (ej - ei) for ei, ri in points for ej, rj in points if ej >= SPREAD * ei]
+    pts = [(e, r + 0.5) for e, r in points]  # (a reported count is a rounded one: up to half a token under)
+    e_max = max(e for e, _ in pts)
+    ratio = max(r / e for e, r in pts if 2 * e >= e_max)
+    slopes = [(rj - ri) / (ej - ei) for ei, ri in pts for ej, rj in pts if ej >= SPREAD * ei]
     if slopes:
         raised = median(slopes) * (1 + MARGIN)
     else:
         raised = prior.slope * (1 + MARGIN) if prior.upper else ratio
     slope = max(min(ratio, raised), 1e-3)
-    overhead = max(0, max(r - slope * e for e, r in points))
+    overhead = max(0, max(r - slope * e for e, r in pts))
     return Fit(slope, int(overhead) + (overhead % 1 > 0), n if reports is None else reports, True, prior)
 
 

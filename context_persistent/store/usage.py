@@ -147,11 +147,12 @@ class UsageMeter:
     def stats(self, tokenizer: str, exact: bool) -> dict[str, Any]:
         """Where the numbers come from (``stats()['sources']``), the calibration in use and the last report."""
         counted = f"{'exact' if exact else 'estimated'} ({tokenizer})"
+        budget: int | None = None
+        target: int | None = None
         if self.last_fit is not None:
             fitted, budget, target = self.last_fit
         else:
             fitted, _ = self.calibration.fit_for(None, None)
-            budget = target = None
         cal: dict[str, Any] = {"enabled": self.enabled, "slope": round(fitted.slope, 4), "overhead": fitted.overhead,
                                "reports": fitted.reports, "calibrated": fitted.calibrated,
                                "prior": fitted.prior.slope, "prior_source": fitted.prior.source,
