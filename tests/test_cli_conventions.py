@@ -120,6 +120,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "import": ["import", str(REFERENCE), "imp"], "fork": ["fork", "ref", "forked"],
         "verify": ["verify", "ref"], "repair": ["repair", "ref"],
         "retention": ["retention", "plan", "--max-sessions", "5"], "trash": ["trash", "list"],
+        "usage": ["usage"],
         "erase": ["erase", "ref", "--seq", "2"],  # (it changes the session)
         "migrate": ["migrate", "ref", "--segment-bytes", "4096"],  # (last: it changes the layout)
     }

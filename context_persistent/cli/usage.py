@@ -64,7 +64,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("usage", parents=[common], help="tokens and cost the providers reported, per session, day "
                        "or model", description=__doc__, epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("session", nargs="?", help="one session (default: every session of the storage)")
+    p.add_argument("session", nargs="?", metavar="SESSION", help="one session (default: every session of the storage)")
     p.add_argument("--since", metavar="DATE", help="only reports from this ISO date or time (UTC) on")
     p.add_argument("--by", choices=("session", "day", "model"), default="session", help="one row per "
                    "session (default), day (UTC) or model")

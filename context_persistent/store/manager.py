@@ -481,7 +481,8 @@ class PersistentContextManager:
 
         ``usage`` is a mapping or an object (amplifier_core ``Usage``, a pydantic model, ...) with
         ``input_tokens`` (or ``prompt_tokens``), ``output_tokens`` (or ``completion_tokens``) and optionally
-        ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``request_seq`` and
+        ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``provider`` and
+        ``model`` name who counted (the calibration is kept per provider and model). ``request_seq`` and
         ``estimated_tokens`` default to the request view this store served last (the request the report
         answers). ``id`` (the provider's response id) makes recording the same report again a no-op.
         ``input_includes_cache``: whether ``input_tokens`` already count the cached tokens (OpenAI: yes;

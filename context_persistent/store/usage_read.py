@@ -41,7 +41,8 @@ async def _session_ids(storage_path: Path, cfg: dict[str, Any]) -> list[str]:
 async def read_usage(storage_path: str | os.PathLike[str] = ".", session_id: str | None = None, *,
                      since: str | None = None, by: str = "session", prices: Any = None,
                      **config: Any) -> dict[str, Any]:
-    """The usage ledger of one session (``session_id``) or of every session of a storage.
+    """The usage ledger of one session (``session_id``) or of every session of the storage folder
+    ``storage_path`` (ignored on PostgreSQL).
 
     ``since`` (an ISO date or time, UTC) leaves out older reports; ``by`` groups the rows by ``session``,
     ``day`` or ``model``; ``prices`` (a price file's path or its parsed JSON) prices the reports that carry no
