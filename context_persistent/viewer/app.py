@@ -117,7 +117,7 @@ class Api:
             return JSON(messages_page(store, view, _int(request, "start"), _int(request, "limit", 200) or 200))
 
     async def request_view(self, request: Request) -> Response:
-        async with self.source.store_at(request.path_params["sid"], _int(request, "at")) as store:
+        async with self.source.store_at(request.path_params["sid"], _int(request, "at"), "request") as store:
             return JSON(await request_compare(store, _int(request, "budget")))
 
     async def tokens(self, request: Request) -> Response:

@@ -5,6 +5,11 @@ A read-only store sees the log as it was when it opened. The viewer keeps it whi
 (the file backend compares the log files' size and modification time; PostgreSQL its last seq) and opens
 a fresh one when it did, so every page shows the session as it is now, at the cost of opening it again
 (a checkpoint's front section and the log after it: docs/architecture.md, "Lazy open").
+
+The request view of a long session is built from its newest messages and the system messages the lazily
+opened history lists (compaction/window.py); once a page from the middle or the token chart has loaded the
+rest of the history's refs, that list is gone and a rebuild scans the history. So request views get a
+store of their own (``purpose="request"``), which pages never touch.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from ..storage.paths import LOG_NAME, validate_session_id
 #: Messages a viewer's store keeps parsed in its page cache (each store; a writer's default is 32 MiB).
 PAGE_CACHE_BYTES = 8 << 20
 #: Stores kept open (at the head, and as of a past seq for time travel).
-MAX_OPEN, MAX_PAST = 4, 2
+MAX_OPEN, MAX_PAST = 6, 2
 
 
 @dataclass(slots=True)
@@ -43,7 +48,7 @@ class Source:
         self.storage = Path(storage).expanduser()
         self.backend = dict(backend or {})
         self.config: dict[str, Any] = {**self.backend, "page_cache_bytes": PAGE_CACHE_BYTES}
-        self._open: OrderedDict[str, _Entry] = OrderedDict()
+        self._open: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._past: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
         self._rows: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -85,7 +90,7 @@ class Source:
                     return row["last_seq"]
             return None
         folder = self.storage / session_id
-        out = []
+        out: list[tuple[int, int, int] | None] = []
         for name in (LOG_NAME, "segments.json"):
             try:
                 st = os.stat(folder / name)
@@ -106,21 +111,23 @@ class Source:
         return self._locks.setdefault(key, asyncio.Lock())
 
     @contextlib.asynccontextmanager
-    async def store(self, session_id: str) -> AsyncIterator[Any]:
+    async def store(self, session_id: str, purpose: str = "pages") -> AsyncIterator[Any]:
         """A read-only store of the session as it is now (SessionNotFoundError if there is none; ValueError for
-        an id that is not a session id, so no path outside the storage is ever opened)."""
+        an id that is not a session id, so no path outside the storage is ever opened). Each ``purpose``
+        (``pages``, ``request``) has a store of its own (see the module's docstring)."""
         validate_session_id(session_id)
-        async with self._lock(session_id):
+        key = (session_id, purpose)
+        async with self._lock(f"{session_id}\x00{purpose}"):
             sig = await self.signature(session_id)
-            entry = self._open.get(session_id)
+            entry = self._open.get(key)
             if entry is None or entry.signature != sig:
                 if entry is not None:
-                    await self._retire(self._open.pop(session_id))
+                    await self._retire(self._open.pop(key))
                 entry = _Entry(await self._open_store(session_id), sig)
-                self._open[session_id] = entry
+                self._open[key] = entry
                 while len(self._open) > MAX_OPEN:
                     await self._retire(self._open.popitem(last=False)[1])
-            self._open.move_to_end(session_id)
+            self._open.move_to_end(key)
             entry.users += 1
         try:
             yield entry.store
@@ -130,10 +137,10 @@ class Source:
                 await entry.store.close()
 
     @contextlib.asynccontextmanager
-    async def store_at(self, session_id: str, seq: int | None) -> AsyncIterator[Any]:
+    async def store_at(self, session_id: str, seq: int | None, purpose: str = "pages") -> AsyncIterator[Any]:
         """The session as it was right after event ``seq`` (a read-only store, replayed from the log), or as
         it is now when ``seq`` is None or the head. ValueError for a seq outside 1..head."""
-        async with self.store(session_id) as head:
+        async with self.store(session_id, purpose) as head:
             if seq is None or seq == head.head_seq:
                 yield head
                 return
