@@ -99,6 +99,7 @@ def test_the_list_opens_a_session_and_its_fork_link(page: Any, served: dict[str,
     rows = page.locator("#sessions tbody tr")
     rows.first.wait_for()
     assert rows.count() == 2
+    assert "null" not in page.inner_text("#main") and "undefined" not in page.inner_text("#main")
     page.fill("#filter", "try2")
     assert rows.count() == 1
     page.fill("#filter", "")

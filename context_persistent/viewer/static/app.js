@@ -34,7 +34,7 @@ async function sessionsPage(root) {
   const table = el("table", { class: "sessions", id: "sessions" });
   const count = el("span", { class: "muted" });
   const search = info.features.search ? searchBox() : null;
-  root.append(el("h1", {}, "Sessions"), el("div", { class: "toolbar" }, filter, count), search, table);
+  root.append(...[el("h1", {}, "Sessions"), el("div", { class: "toolbar" }, filter, count), search, table].filter(Boolean));
   let rows = [];
   try {
     rows = (await api("/api/sessions")).sessions;
