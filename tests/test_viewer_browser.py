@@ -159,11 +159,12 @@ def test_the_time_travel_control_shows_the_session_as_it_was(page: Any) -> None:
     assert page.locator("#messages .msg").count() > 20
     slider = page.locator("#travel")
     slider.evaluate("(el) => { el.value = 4; el.dispatchEvent(new Event('input')); el.dispatchEvent(new Event('change')); }")
-    page.wait_for_function("location.hash.includes('at=4')")
+    from playwright.sync_api import expect  # (no wait_for_function: the page's CSP forbids eval, rightly)
+
+    page.wait_for_url("**at=4**")
     page.wait_for_selector("#travel-seq:has-text('as of seq 4')")
-    page.wait_for_function("document.querySelectorAll('#messages .msg').length === 3")
-    page.wait_for_selector("#chart svg")
-    assert page.locator("#chart svg rect.bar").count() == 3
+    expect(page.locator("#messages .msg")).to_have_count(3)
+    expect(page.locator("#chart svg rect.bar")).to_have_count(3)
 
 
 def test_an_event_appended_by_another_process_appears_live(page: Any, served: dict[str, Any]) -> None:

@@ -28,7 +28,8 @@ const COLUMNS = [
   ["parent", "forked from", (r) => r.parent ? el("a", { href: sessionHash(String(r.parent.session_id), { at: r.parent.seq }) }, `${r.parent.session_id} @ ${r.parent.seq}`) : ""],
 ];
 
-async function sessionsPage(root) {
+async function sessionsPage(main) {
+  const root = main.appendChild(el("div", { class: "page" }));
   const state = { sort: "last_activity", desc: true, filter: "" };
   const filter = el("input", { type: "search", placeholder: "filter sessions by id", id: "filter", "aria-label": "filter sessions" });
   const table = el("table", { class: "sessions", id: "sessions" });

@@ -7,7 +7,11 @@ import { Pairing, eventRow, hideRedacted, messageRow, str } from "./render.js";
 const MODES = ["timeline", "full", "conversation", "reasoning", "request"];
 const PAGE = 200;
 
-export function sessionPage(root, id, params, info) {
+export function sessionPage(main, id, params, info) {
+  // The page draws into a container of its own: what an earlier page's pending requests add after the
+  // address changed goes into its detached container, never into this one.
+  const root = main.appendChild(el("div", { class: "page" }));
+  let alive = true;
   const ctx = { session: id };
   const mode = MODES.includes(params.get("view")) ? params.get("view") : "timeline";
   const num = (k) => (/^\d+$/.test(params.get(k) || "") ? Number(params.get(k)) : null);
@@ -25,12 +29,14 @@ export function sessionPage(root, id, params, info) {
     root.append(chartBox, pane);
     loadChart(chartBox, id, at, budget, go);
     try {
-      if (mode === "timeline") closers.push(await timeline(pane, ctx, s, at, from, go));
+      let closer = null;
+      if (mode === "timeline") closer = await timeline(pane, ctx, s, at, from, go);
       else if (mode === "request") await requestPane(pane, ctx, at, budget, start, go);
-      else closers.push(await viewPane(pane, ctx, s, mode, at, start, go));
+      else closer = await viewPane(pane, ctx, s, mode, at, start, go);
+      if (closer && !alive) closer(); else closers.push(closer);
     } catch (e) { pane.append(errorBox(e.message)); }
   })();
-  return () => { for (const c of closers) if (c) c(); };
+  return () => { alive = false; for (const c of closers) if (c) c(); };
 }
 
 function header(s, mode, at, budget) {
@@ -126,7 +132,7 @@ async function timeline(pane, ctx, s, at, from, go) {
     status.textContent = `showing seqs from ${from}; live follow off`;
     return null;
   }
-  return follow(ctx.session, last, (rec) => { add(rec, "end"); last = rec.seq; document.getElementById("travel").max = rec.seq; }, status);
+  return follow(ctx.session, last, (rec) => { add(rec, "end"); last = rec.seq; const t = document.getElementById("travel"); if (t) t.max = rec.seq; }, status);
 }
 
 function pager(total, startAt, count, go) {
