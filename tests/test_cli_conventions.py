@@ -124,7 +124,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "erase": ["erase", "ref", "--seq", "2"],  # (it changes the session)
         "migrate": ["migrate", "ref", "--segment-bytes", "4096"],  # (last: it changes the layout)
     }
-    refused = {"demo": ["demo"]}
+    refused = {"demo": ["demo"], "serve": ["serve", "--no-browser"]}
     assert set(runs) | set(refused) | {"db"} == set(_subparsers(build_parser()))  # db: test_postgres.py
     for name, argv in runs.items():
         p = cli(env, *argv, "--json")
@@ -134,7 +134,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
             json.loads(line)
     for name, argv in refused.items():
         p = cli(env, *argv, "--json")
-        assert p.returncode == 2 and "--json is not supported by demo" in p.stderr and p.stdout == ""
+        assert p.returncode == 2 and f"--json is not supported by {name}" in p.stderr and p.stdout == ""
 
 
 # -- help -------------------------------------------------------------------------------------------

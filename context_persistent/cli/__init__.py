@@ -23,7 +23,7 @@ from .. import __version__
 from ..errors import ContextPersistentError, SessionNotFoundError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "usage", "demo", "db")
+COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "usage", "demo", "db", "serve")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -41,13 +41,14 @@ EPILOG = """examples:
   context-persistent usage --by model          tokens and cost the providers reported, across the sessions
   context-persistent --storage /srv/agents ls  global options go before or after the command
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
+  context-persistent serve                     a read-only web viewer of the sessions (the [viewer] extra)
   context-persistent --help                    this help; every command has its own --help with examples
 
 storage: --storage PATH, else $CONTEXT_PERSISTENT_DIR, else ~/.amplifier/context (`where` shows which)
 """
 
 #: Commands whose output has no JSON form: ``--json`` is refused (exit 2) rather than ignored.
-NO_JSON = frozenset({"demo"})
+NO_JSON = frozenset({"demo", "serve"})
 
 
 class UsageError(Exception):
