@@ -55,7 +55,8 @@ def unavailable(reason: str) -> None:
 
 
 def find_archives(folder: Path, names: tuple[str, ...] = ARCHIVES) -> dict[str, Path]:
-    """The source archives ``names`` (the three of the CLI by default) in ``folder``; HostUnavailable (with the reason) if any is missing."""
+    """The source archives ``names`` (the three of the CLI by default) in ``folder``; HostUnavailable (with
+    the reason) if any is missing."""
     if not folder.is_dir():
         raise HostUnavailable(f"no Amplifier host archives at {folder} (set {HOST_ENV} to their folder)")
     found: dict[str, Path] = {}
@@ -145,7 +146,8 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     if fetch:
         _run([*pip, "wheel", "--quiet", "--cache-dir", str(wheels.parent / "pip-cache"), "--wheel-dir", str(wheels),
               *fetch], env, 600, cwd=base)
-    _run([*pip, "install", "--quiet", "--no-index", "--no-compile", "--find-links", str(wheels), CORE, *ARCHIVES, *more_archives,
+    _run([*pip, "install", "--quiet", "--no-index", "--no-compile", "--find-links", str(wheels), CORE, *ARCHIVES,
+          *more_archives,
           *(["context-persistent"] if install_package else []), *extra], env, 600, cwd=base)
     modules = base / "modules"
     shutil.copytree(MODULES, modules, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
