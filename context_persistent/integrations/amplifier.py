@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..store.config import KNOWN_KEYS
-from ..store.manager import PersistentContextManager
+from ..errors import SessionLockedError
+from .amplifier_host import HostContext, SessionInUseError
 
 logger = logging.getLogger("context_persistent")
 
@@ -87,14 +88,20 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
                        ", ".join(sorted(KNOWN_KEYS)))
         config.pop(key)
     try:
-        store = await PersistentContextManager.open(
+        store = await HostContext.open(
             storage_path=storage, session_id=str(session_id), hooks=getattr(coordinator, "hooks", None), **config
         )
+    except SessionLockedError as e:  # (a second amplifier process on the session: say it in the CLI's terms)
+        if ephemeral is not None:
+            shutil.rmtree(ephemeral, ignore_errors=True)
+        raise SessionInUseError(e) from None
     except BaseException:
         if ephemeral is not None:
             shutil.rmtree(ephemeral, ignore_errors=True)
         raise
     unregister = None
+    assert isinstance(store, HostContext)
+    store.reopen_with = dict(config)
     try:
         await coordinator.mount("context", store)
         register = getattr(coordinator, "register_contributor", None)
@@ -112,6 +119,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
             if callable(unregister):
                 unregister()
             await store.close()
+            # (the orchestrator may still write after this, e.g. its "cancelled" message after Ctrl-C)
+            store.closed_by_host = ephemeral is None
         finally:
             if ephemeral is not None:
                 shutil.rmtree(ephemeral, ignore_errors=True)
