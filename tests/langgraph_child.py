@@ -6,7 +6,10 @@ compiled with our ``PersistentCheckpointSaver``. The process first finishes a tu
 unfinished (the thread's last checkpoint has nodes still to run: ``invoke(None)`` resumes from it), then runs
 turns FIRST..LAST. After each turn returns its number is appended (and fsynced) to ACKS. The tool appends
 "K" (fsynced) to MARKS when it starts and then sleeps a little, so the parent can kill the process inside the
-tool node, after the agent node's checkpoint. MODE ``sync`` runs ``invoke``, ``async`` runs ``ainvoke``.
+tool node. MODE ``sync`` runs ``invoke`` with ``durability="sync"`` (each checkpoint is saved before the next
+step starts, so a kill in the tool node finds the agent node's checkpoint), ``async`` runs ``ainvoke`` with
+LangGraph's default ``durability="async"`` (saved while the next step runs). A turn already in the thread
+(stored whole by a killed process that had not acknowledged it yet) is not run again.
 """
 
 from __future__ import annotations
@@ -65,19 +68,30 @@ def build(saver: PersistentCheckpointSaver) -> Any:
     return graph.compile(checkpointer=saver)
 
 
+def _last_turn(state: Any) -> int:
+    users = [m for m in state.values.get("messages", []) if isinstance(m, HumanMessage)]
+    return int(str(users[-1].content).split()[-1]) if users else 0
+
+
 async def main(store: str, thread: str, first: int, last: int, acks: str, mode: str) -> None:
     saver = PersistentCheckpointSaver(store)
     app = build(saver)
     config = {"configurable": {"thread_id": thread}}
+
+    async def run(value: Any) -> None:
+        if mode == "sync":
+            app.invoke(value, config, durability="sync")
+        else:
+            await app.ainvoke(value, config)
+
     try:
         state = app.get_state(config) if mode == "sync" else await app.aget_state(config)
         if state.next:  # a killed process left this turn unfinished: resume it from the last checkpoint
-            app.invoke(None, config) if mode == "sync" else await app.ainvoke(None, config)
-            users = [m for m in (await app.aget_state(config)).values["messages"] if isinstance(m, HumanMessage)]
-            _append(acks, f"{str(users[-1].content).split()[-1]} resumed\n")
+            await run(None)
+            _append(acks, f"{_last_turn(await app.aget_state(config))} resumed\n")
+        first = max(first, _last_turn(await app.aget_state(config)) + 1)
         for turn in range(first, last + 1):
-            message = {"messages": [HumanMessage(f"turn {turn}")]}
-            app.invoke(message, config) if mode == "sync" else await app.ainvoke(message, config)
+            await run({"messages": [HumanMessage(f"turn {turn}")]})
             _append(acks, f"{turn}\n")
     finally:
         await saver.aclose()

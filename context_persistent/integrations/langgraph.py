@@ -55,6 +55,7 @@ __all__ = ["PersistentCheckpointSaver", "session_id_for", "thread_id_of"]
 PREFIX = "lg="
 
 Typed = tuple[str, bytes]
+_MISSING = object()
 
 
 def session_id_for(thread_id: Any) -> str:
@@ -97,8 +98,11 @@ class _Thread:
         self.store = store
         #: ns -> checkpoint id -> (checkpoint without values, metadata, parent id)
         self.checkpoints: dict[str, dict[str, tuple[Typed, Typed, str | None]]] = {}
-        #: (ns, channel, version) -> value
-        self.blobs: dict[tuple[str, str, Any], Typed] = {}
+        #: (ns, channel, version) -> value; a list value as the tuple of its items, each serialised
+        self.blobs: dict[tuple[str, str, Any], Typed | tuple[Typed, ...]] = {}
+        #: (ns, channel) -> the channel's last stored list value, and its version
+        self.lists: dict[tuple[str, str], tuple[Typed, ...]] = {}
+        self.list_versions: dict[tuple[str, str], Any] = {}
         #: (ns, checkpoint id) -> (task id, idx) -> (task id, channel, value, task path)
         self.writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Typed, str]]] = {}
         #: The ids of the graph messages mirrored into the history, in order.
@@ -108,14 +112,37 @@ class _Thread:
         """Fold one event into the thread (the same for an event just written and one read on open)."""
         ns = data["ns"]
         if kind == ev.GRAPH_CHECKPOINT:
-            for channel, version, typ, b64 in data["blobs"]:
-                self.blobs[(ns, channel, version)] = _dec([typ, b64])
+            for blob in data["blobs"]:
+                if blob[0] == "v":
+                    _, channel, version, typ, b64 = blob
+                    self.blobs[(ns, channel, version)] = _dec([typ, b64])
+                    continue
+                _, channel, version, base, keep, tail = blob  # "l": a list, as its base's first `keep` + tail
+                head = self.blobs[(ns, channel, base)][:keep] if base is not None else ()
+                if not isinstance(head, tuple) or len(head) != keep:
+                    raise ValueError(f"list blob {channel!r} {version!r}: its base {base!r} is not a list of "
+                                     f"at least {keep} items")
+                items = head + tuple(_dec(e) for e in tail)
+                self.blobs[(ns, channel, version)] = items
+                self.lists[(ns, channel)] = items
+                self.list_versions[(ns, channel)] = version
             self.checkpoints.setdefault(ns, {})[data["id"]] = (
                 _dec(data["checkpoint"]), _dec(data["metadata"]), data["parent"])
         else:
             stored = self.writes.setdefault((ns, data["checkpoint_id"]), {})
             for idx, channel, typ, b64 in data["writes"]:
                 stored[(data["task_id"], idx)] = (data["task_id"], channel, _dec([typ, b64]), data["task_path"])
+
+    def list_blob(self, ns: str, channel: str, version: Any, items: tuple[Typed, ...]) -> list[Any]:
+        """The stored form of a list value: the items after the channel's last stored list, when it is a prefix
+        of this one (a growing message list is stored by what it gained, not whole again)."""
+        last = self.lists.get((ns, channel))
+        base_version = self.list_versions.get((ns, channel))
+        if last is not None and len(items) >= len(last) and items[:len(last)] == last:
+            keep = len(last)
+        else:
+            base_version, keep = None, 0
+        return ["l", channel, version, base_version, keep, [_enc(e) for e in items[keep:]]]
 
 
 class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
@@ -190,8 +217,12 @@ class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
         values: dict[str, Any] = {}
         for channel, version in checkpoint["channel_versions"].items():
             blob = t.blobs.get((ns, channel, version))
-            if blob is not None and blob[0] != "empty":
-                values[channel] = self.serde.loads_typed(blob)
+            if blob is None:
+                continue
+            if not blob or isinstance(blob[0], tuple):  # (a list, item by item)
+                values[channel] = [self.serde.loads_typed(item) for item in blob]  # type: ignore[arg-type]
+            elif blob[0] != "empty":
+                values[channel] = self.serde.loads_typed(blob)  # type: ignore[arg-type]
         stored = t.writes.get((ns, cid), {})
         ordered = sorted(stored.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))
         base = {"thread_id": t.thread_id, "checkpoint_ns": ns}
@@ -252,8 +283,14 @@ class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
         ns = conf.get("checkpoint_ns", "")
         c = dict(checkpoint)
         values: dict[str, Any] = c.pop("channel_values")
-        blobs = [[k, v, *_enc(self.serde.dumps_typed(values[k]) if k in values else ("empty", b""))]
-                 for k, v in new_versions.items()]
+        blobs = []
+        for k, v in new_versions.items():
+            value = values.get(k, _MISSING)
+            if type(value) is list:
+                blobs.append(t.list_blob(ns, k, v, tuple(self.serde.dumps_typed(x) for x in value)))
+            else:
+                typed = ("empty", b"") if value is _MISSING else self.serde.dumps_typed(value)
+                blobs.append(["v", k, v, *_enc(typed)])
         data = {"ns": ns, "id": checkpoint["id"], "parent": conf.get("checkpoint_id"),
                 "checkpoint": _enc(self.serde.dumps_typed(c)),
                 "metadata": _enc(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
