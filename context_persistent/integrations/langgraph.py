@@ -90,6 +90,11 @@ def _dec(value: Any) -> Typed:
     return (value[0], base64.b64decode(value[1], validate=True))
 
 
+def _is_list(blob: Any) -> bool:
+    """Whether a stored blob is a list value (a tuple of serialised items), not one serialised value."""
+    return isinstance(blob, tuple) and (not blob or isinstance(blob[0], tuple))
+
+
 class _Thread:
     """What the saver knows of one thread: its open store and its checkpoints and writes (serialised)."""
 
@@ -118,11 +123,11 @@ class _Thread:
                     self.blobs[(ns, channel, version)] = _dec([typ, b64])
                     continue
                 _, channel, version, base, keep, tail = blob  # "l": a list, as its base's first `keep` + tail
-                head = self.blobs[(ns, channel, base)][:keep] if base is not None else ()
-                if not isinstance(head, tuple) or len(head) != keep:
+                head = self.blobs[(ns, channel, base)] if base is not None else ()
+                if not _is_list(head) or len(head) < keep:
                     raise ValueError(f"list blob {channel!r} {version!r}: its base {base!r} is not a list of "
                                      f"at least {keep} items")
-                items = head + tuple(_dec(e) for e in tail)
+                items: tuple[Typed, ...] = head[:keep] + tuple(_dec(e) for e in tail)  # type: ignore[operator]
                 self.blobs[(ns, channel, version)] = items
                 self.lists[(ns, channel)] = items
                 self.list_versions[(ns, channel)] = version
@@ -219,7 +224,7 @@ class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
             blob = t.blobs.get((ns, channel, version))
             if blob is None:
                 continue
-            if not blob or isinstance(blob[0], tuple):  # (a list, item by item)
+            if _is_list(blob):  # (a list, item by item)
                 values[channel] = [self.serde.loads_typed(item) for item in blob]  # type: ignore[arg-type]
             elif blob[0] != "empty":
                 values[channel] = self.serde.loads_typed(blob)  # type: ignore[arg-type]
@@ -282,7 +287,7 @@ class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
         assert t is not None
         ns = conf.get("checkpoint_ns", "")
         c = dict(checkpoint)
-        values: dict[str, Any] = c.pop("channel_values")
+        values: dict[str, Any] = c.pop("channel_values")  # type: ignore[assignment]
         blobs = []
         for k, v in new_versions.items():
             value = values.get(k, _MISSING)
