@@ -127,7 +127,7 @@ class _Thread:
                 if not _is_list(head) or len(head) < keep:
                     raise ValueError(f"list blob {channel!r} {version!r}: its base {base!r} is not a list of "
                                      f"at least {keep} items")
-                items: tuple[Typed, ...] = head[:keep] + tuple(_dec(e) for e in tail)  # type: ignore[operator]
+                items: tuple[Typed, ...] = head[:keep] + tuple(_dec(e) for e in tail)  # type: ignore[operator,assignment]
                 self.blobs[(ns, channel, version)] = items
                 self.lists[(ns, channel)] = items
                 self.list_versions[(ns, channel)] = version
