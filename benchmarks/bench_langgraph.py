@@ -2,11 +2,11 @@
 ``SqliteSaver`` on the same graph.
 
 The graph is an agent's: ``StateGraph(MessagesState)`` with an agent node (a scripted model: a tool call,
-then an answer) and a ``ToolNode``; each turn is four checkpoints (the input, agent, tools, agent), every
-message about 300 bytes. Both savers are durable: ours with ``fsync="always"``, SqliteSaver with its own WAL
+then an answer) and a ``ToolNode``; each turn adds four messages of about 300 bytes and five checkpoints. Both savers are durable: ours with ``fsync="always"``, SqliteSaver with its own WAL
 and SQLite's default ``synchronous=FULL``. The graph runs with ``durability="sync"`` (each checkpoint saved
 before the next step: the put is on the graph's path), the two graphs alternating turn by turn on fresh
-folders each round, for ``lg_steps`` checkpoints (1,000 in the full run):
+folders each round, for ``lg_steps // 4`` turns (``lg_steps`` messages: 1,000 and 1,250 checkpoints in the full
+run):
 
 - put: the time of each ``put`` the graph makes (p50, and p50 of the last tenth, when the history is long);
 - get: ``get_tuple`` of the thread's newest checkpoint (what every ``invoke`` starts with), and of the middle
@@ -141,16 +141,16 @@ def run(ctx: Ctx) -> list[Row]:
         o, p = _round(ctx, steps, gets)
         mine.append(o)
         theirs.append(p)
-    n = int(mine[0]["steps"])
+    n, msgs = int(mine[0]["steps"]), 4 * (steps // 4)
     ref = "langgraph-checkpoint-sqlite SqliteSaver (WAL, synchronous=FULL)"
     rows = []
     for key, name, unit in (
             ("put_p50", f"put, p50 over {n:,} checkpoints: SqliteSaver / ours", "µs"),
-            ("put_tail_p50", f"put, p50 of the last tenth (history of ~{n:,} messages): SqliteSaver / ours",
+            ("put_tail_p50", f"put, p50 of the last tenth (history of ~{msgs:,} messages): SqliteSaver / ours",
              "µs"),
             ("get_latest", f"get_tuple, newest of {n:,}: SqliteSaver / ours", "µs"),
             ("get_middle", f"get_tuple by id, the middle one of {n:,}: SqliteSaver / ours", "µs"),
-            ("bytes", f"storage after {n:,} checkpoints: SqliteSaver / ours", "B")):
+            ("bytes", f"storage after {n:,} checkpoints ({msgs:,} messages): SqliteSaver / ours", "B")):
         rows.append(compare(GROUP, name, [m[key] for m in mine], [t[key] for t in theirs], unit=unit,
                             ref_name=ref, invert=True))
     return rows
