@@ -29,6 +29,8 @@ logger = logging.getLogger("context_persistent")
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 10_000
 _RELATIVE = re.compile(r"^(\d+)([dhm])$")
+#: OperationalErrors of the database, not of the query (any other one is FTS5 refusing the query).
+_STORAGE_ERROR = re.compile(r"locked|busy|disk|I/O|unable to open|no such table|malformed|readonly")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,7 @@ async def search(storage: str | os.PathLike[str], query: str, *, session_id: str
                 rows = index.search(fts, session_id=session_id, role=role, since=since_iso,
                                     all_messages=all_messages, limit=limit)
             except Exception as e:
-                if type(e).__name__ == "OperationalError" and ("fts5" in str(e) or "syntax" in str(e)):
+                if type(e).__name__ == "OperationalError" and not _STORAGE_ERROR.search(str(e)):
                     raise QueryError(f"bad query {query!r}: {str(e).removeprefix('fts5: ')} "
                                      "(docs/search.md, 'Query language')") from None
                 raise

@@ -121,7 +121,7 @@ def fingerprint(message: Any) -> bytes:
 # -- the query language ---------------------------------------------------------------------------------
 _OPERATORS = frozenset({"AND", "OR", "NOT"})
 #: A run that is one unit of the query: a quoted string, a parenthesis, or anything up to whitespace.
-_TOKEN = re.compile(r'"(?:[^"]|"")*"?|[(),]|[^\s(),"]+')
+_TOKEN = re.compile(r'-?\{[^}]*\}:[^\s(),"]*|"(?:[^"]|"")*"?|[(),]|[^\s(),"]+')
 _BARE = re.compile(r"[\w\u0080-\U0010ffff\x1a]+\*?", re.UNICODE)
 _COLUMN = re.compile(r"^(-?)(\{[a-z ]*\}|[a-z]+):(.*)$", re.S)
 COLUMNS = ("body", "tools")
@@ -139,6 +139,10 @@ def translate(query: str) -> str:
     """
     if not isinstance(query, str):
         raise QueryError(f"the query must be a string, got {type(query).__name__}")
+    try:
+        query.encode()
+    except UnicodeEncodeError as e:
+        raise QueryError(f"the query is not valid Unicode text ({e.reason} at character {e.start})") from None
     if "\x00" in query:
         raise QueryError("the query holds a NUL character")
     if len(query) > MAX_QUERY:
@@ -160,7 +164,7 @@ def translate(query: str) -> str:
 
 def _word(tok: str) -> str:
     m = _COLUMN.match(tok)
-    if m is not None and (m.group(2).strip("{}").split() or [""])[0] in COLUMNS:
+    if m is not None and (m.group(2).startswith("{") or m.group(2) in COLUMNS):
         names = m.group(2).strip("{}").split()
         unknown = [n for n in names if n not in COLUMNS]
         if unknown:
