@@ -1,5 +1,8 @@
-"""``search`` (full-text search over every session), ``index rebuild|status`` (the search index), and the
-index-backed ``ls`` and ``show --around`` that cli/inspect.py delegates to (docs/search.md)."""
+"""``search`` (full-text search over every session), ``index rebuild|status`` (the search index), and what the
+index brings to two commands of cli/inspect.py: ``ls`` on the file backend reads the index, and ``show`` gains
+``--around SEQ [-C N]`` (docs/search.md). ``register`` runs after inspect's and takes those two over (their
+parsers are inspect's; the handlers here fall back to inspect's for everything else), so that inspect.py does
+not depend on this module: the commands import one way."""
 
 from __future__ import annotations
 
@@ -68,6 +71,13 @@ async def ls_from_index(args: argparse.Namespace) -> int:
 
 def _cut(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+async def _show_around(args: argparse.Namespace) -> None:
+    from .inspect import _open
+
+    async with await _open(args, args.session) as store:
+        await show_around(args, store)
 
 
 async def show_around(args: argparse.Namespace, store: Any) -> None:
@@ -157,9 +167,26 @@ def _limit(text: str) -> int:
     return value
 
 
+def _take_over(sub: Any) -> None:
+    """``ls`` (file backend) from the index; ``show --around``."""
+    from .inspect import _whole_number
+
+    ls = sub.choices["ls"]
+    plain_ls = ls.get_default("func")
+    ls.set_defaults(func=lambda args: plain_ls(args) if backend_of(args) else asyncio.run(ls_from_index(args)))
+    show = sub.choices["show"]
+    plain_show = show.get_default("func")
+    show.add_argument("--around", type=_whole_number("an event seq"), metavar="SEQ",
+                      help="the messages around the one event SEQ added (a search hit), -C before and after")
+    show.add_argument("-C", "--context", type=int, default=5, metavar="N",
+                      help="with --around: N messages before and after (default 5)")
+    show.set_defaults(func=lambda args: plain_show(args) if args.around is None else asyncio.run(_show_around(args)))
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     from ..model.events import ROLES
 
+    _take_over(sub)
     p = sub.add_parser("search", parents=[common], help="full-text search over every session (exit 1: no match)",
                        description="Search every session of the storage (docs/search.md, 'Query language': words, "
                        "\"phrases\", prefix*, AND/OR/NOT, NEAR(a b, N), tools:NAME). Exit 0 with hits, 1 with none.",
