@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import UsageError, backend_of, require_storage
-from .inspect import human_size, paint, print_json, role_label, short_time, table, use_colour
+from .output import human_size, paint, print_json, role_label, short_time, table, use_colour
 
 EXIT_HITS, EXIT_NONE = 0, 1
 
@@ -74,7 +74,7 @@ def _cut(text: str, width: int = 60) -> str:
 
 
 async def _show_around(args: argparse.Namespace) -> None:
-    from .inspect import _open
+    from .common import _open
 
     async with await _open(args, args.session) as store:
         await show_around(args, store)
@@ -84,7 +84,7 @@ async def show_around(args: argparse.Namespace, store: Any) -> None:
     """``show SESSION --around SEQ [-C N]``: the N messages of the history before and after the message of
     event SEQ (the nearest one when SEQ added none), streamed like ``show``."""
     from ..model.projection import split_key
-    from .inspect import message_text
+    from .output import message_text
 
     keys = store._full().keys
     seqs = [split_key(k)[0] for k in keys]
@@ -169,7 +169,7 @@ def _limit(text: str) -> int:
 
 def _take_over(sub: Any) -> None:
     """``ls`` (file backend) from the index; ``show --around``."""
-    from .inspect import _whole_number
+    from .common import _whole_number
 
     ls = sub.choices["ls"]
     plain_ls = ls.get_default("func")
