@@ -364,13 +364,19 @@ class PersistentContextManager:
     async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
                      since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
         """Full-text search of this session (``all_sessions``: of every session of its storage) through the
-        storage's search index, caught up first: a list of ``SearchHit`` (session id, seq, index, role, time,
-        a snippet with the match in brackets, score, whether the views show it), best first.
+        storage's search index, caught up first (docs/search.md).
 
-        The query language is SQLite FTS5's (docs/search.md): words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/
-        ``NOT``, ``NEAR(a b, N)``, ``tools:NAME``. ``all_messages`` also finds messages the views no longer show
-        (cleared, replaced) that the log still holds. A bad query is a ``QueryError`` (a ValueError). The file
-        backend only (on PostgreSQL: ValueError).
+        ``query`` is in SQLite FTS5's language: words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/``NOT``,
+        ``NEAR(a b, N)``, ``tools:NAME``. ``role`` keeps one role's messages, ``since`` those from a time on (a
+        datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
+        ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
+        replaced) that the log still holds. The file backend only.
+
+        Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
+        brackets, score, whether the views show it), best first.
+
+        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter or on
+        PostgreSQL.
         """
         from ..operations.search import search
 
