@@ -18,6 +18,11 @@ from .indexer import Snapshot, catch_up_session
 from .sqlite_index import SqliteIndex
 
 logger = logging.getLogger("context_persistent")
+#: The thread waits for this long without a notification before it catches up (a burst of appends is indexed
+#: once, after it, and the thread's work, which holds the GIL at times, does not slow the burst) ...
+QUIET = 0.25
+#: ... but never leaves work waiting longer than this.
+MAX_DELAY = 2.0
 
 
 class BackgroundIndexer:
@@ -39,12 +44,19 @@ class BackgroundIndexer:
         self.storage = storage
         self._pending: dict[str, Snapshot | None] = {}
         self._running: str | None = None
+        self._last = 0.0  # (monotonic time of the last notification)
+        self._since = 0.0  # (when the oldest pending work arrived)
+        self._urgent: set[str] = set()  # (sessions a flush waits for: no quiet period)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.errors: dict[str, str] = {}
 
     def notify(self, sid: str, snapshot: Snapshot | None) -> None:
         with self._cond:
+            now = time.monotonic()
+            if not self._pending:
+                self._since = now
+            self._last = now
             if snapshot is not None or sid not in self._pending:
                 self._pending[sid] = snapshot
             if self._thread is None or not self._thread.is_alive():
@@ -56,11 +68,15 @@ class BackgroundIndexer:
         """Wait until the session's notified work is done; False if it was not done in ``timeout`` seconds."""
         end = time.monotonic() + timeout
         with self._cond:
+            self._urgent.add(sid)
+            self._cond.notify_all()
             while sid in self._pending or self._running == sid:
                 left = end - time.monotonic()
                 if left <= 0:
+                    self._urgent.discard(sid)
                     return False
                 self._cond.wait(left)
+            self._urgent.discard(sid)
         return True
 
     def _run(self) -> None:
@@ -74,8 +90,16 @@ class BackgroundIndexer:
                             if not self._pending:
                                 self._thread = None
                                 return
-                    sid, snapshot = next(iter(self._pending.items()))
-                    del self._pending[sid]
+                    while not self._urgent & self._pending.keys():
+                        now = time.monotonic()
+                        wait = min(self._last + QUIET, self._since + MAX_DELAY) - now
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                    urgent = [s for s in self._pending if s in self._urgent]
+                    sid = urgent[0] if urgent else next(iter(self._pending))
+                    snapshot = self._pending.pop(sid)
+                    self._since = time.monotonic()
                     self._running = sid
                 try:
                     loop.run_until_complete(catch_up_session(index, self.storage, sid, snapshot=snapshot))

@@ -253,11 +253,20 @@ class SqliteIndex:
             where.append("d.ts >= ?")
             params.append(since)
         params.append(limit)
-        sql = (f"SELECT d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
-               f"snippet(fts, -1, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16), bm25(fts) FROM fts JOIN docs d "
-               f"ON d.id = fts.rowid WHERE {' AND '.join(where)} ORDER BY bm25(fts) LIMIT ?")
-        names = ("session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "snippet", "score")
-        return [dict(zip(names, r)) for r in self.db.execute(sql, params)]
+        # Ranked first, snippets after: a snippet tokenises its document again, so only the hits returned get one.
+        sql = (f"SELECT d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
+               f"bm25(fts) FROM fts JOIN docs d ON d.id = fts.rowid WHERE {' AND '.join(where)} "
+               f"ORDER BY bm25(fts) LIMIT ?")
+        names = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score")
+        rows = [dict(zip(names, r)) for r in self.db.execute(sql, params)]
+        if rows:
+            ids = [r["id"] for r in rows]
+            snippets = dict(self.db.execute(
+                f"SELECT rowid, snippet(fts, -1, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16) FROM fts WHERE fts MATCH ? "
+                f"AND rowid IN ({', '.join('?' * len(ids))})", [fts_query, *ids]))
+            for r in rows:
+                r["snippet"] = snippets.get(r["id"], "")
+        return rows
 
     def contents(self) -> dict[str, Any]:
         """Everything the index says (sessions without their signature, documents with their texts): what a
