@@ -160,17 +160,22 @@ async def list_sessions(storage: str | os.PathLike[str], *, catch_up: bool = Tru
     user message, shortened)."""
     root = Path(storage)
     index = SqliteIndex(root)
+    sql = ("SELECT session_id, messages, last_seq, bytes, first_ts, last_ts, title, signature, state FROM sessions "
+           "ORDER BY session_id")
     try:
         skipped: list[Outcome] = []
+        found = index.db.execute(sql).fetchall()
         if catch_up:
-            skipped = [o for o in await catch_up_storage(index, root) if o.skipped]
+            outcomes = await catch_up_storage(index, root, {r[0]: (r[7], r[8]) for r in found})
+            skipped = [o for o in outcomes if o.skipped]
+            if outcomes:
+                found = index.db.execute(sql).fetchall()
         skipped_ids = {o.session_id for o in skipped}
-        rows = [{"session_id": r["session_id"], "messages": r["messages"], "events": r["last_seq"],
-                 "bytes": r["bytes"], "first_ts": r["first_ts"], "last_ts": r["last_ts"], "title": r["title"]}
-                for r in index.sessions() if r["session_id"] not in skipped_ids]
-        for o in skipped:
-            rows.append({"session_id": o.session_id, "error": o.skipped})
-        rows.sort(key=lambda r: r["session_id"])
+        names = ("session_id", "messages", "events", "bytes", "first_ts", "last_ts", "title")
+        rows = [dict(zip(names, r)) for r in found if r[0] not in skipped_ids]
+        if skipped:
+            rows += [{"session_id": o.session_id, "error": o.skipped} for o in skipped]
+            rows.sort(key=lambda r: r["session_id"])
         return rows
     finally:
         index.close()

@@ -212,20 +212,25 @@ def file_sessions(storage: Path) -> dict[str, str | None]:
 
     out: dict[str, str | None] = {}
     try:
-        entries = os.scandir(storage)
+        fd = os.open(storage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return out
-    with entries:
-        for d in entries:
-            if d.name.startswith(".") or not d.is_dir(follow_symlinks=False):
-                continue
-            try:
-                st = os.stat(os.path.join(d.path, LOG_NAME))
-            except FileNotFoundError:
-                if os.path.isfile(os.path.join(d.path, MANIFEST_NAME)):
-                    out[d.name] = None
-                continue
-            out[d.name] = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    stat = os.stat
+    try:
+        with os.scandir(fd) as entries:
+            for d in entries:
+                name = d.name
+                if name[0] == "." or not d.is_dir(follow_symlinks=False):
+                    continue
+                try:  # (relative to the folder's descriptor: no path to build, no symlink of the storage to follow)
+                    st = stat(name + "/" + LOG_NAME, dir_fd=fd)
+                except FileNotFoundError:
+                    if os.path.isfile(os.path.join(storage, name, MANIFEST_NAME)):
+                        out[name] = None
+                    continue
+                out[name] = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    finally:
+        os.close(fd)
     return out
 
 
@@ -250,14 +255,16 @@ async def catch_up_session(index: SqliteIndex, storage: Path, sid: str, *, snaps
         await log.close()
 
 
-async def catch_up_storage(index: SqliteIndex, storage: Path) -> list[Outcome]:
+async def catch_up_storage(index: SqliteIndex, storage: Path,
+                           known: dict[str, tuple[str | None, str]] | None = None) -> list[Outcome]:
     """Catch every session of a storage up: those whose log changed since it was indexed (by their
     signatures), those not indexed yet, and those gone (forgotten). One unreadable session is logged and
     skipped, never hides the others."""
     listed = file_sessions(storage)
-    known = index.signatures()
+    if known is None:
+        known = index.signatures()
     gone = [sid for sid in known if sid not in listed]
-    outcomes = []
+    outcomes = [Outcome(sid, skipped=None) for sid in gone]  # (forgotten: the caller reads the rows again)
     if gone:
         forget(index, gone, purge=True)
     for sid, sig in listed.items():
