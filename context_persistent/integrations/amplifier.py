@@ -11,6 +11,7 @@ from typing import Any
 
 from ..store.config import KNOWN_KEYS
 from ..errors import SessionLockedError
+from ..store.manager import PersistentContextManager
 from .amplifier_host import HostContext, SessionInUseError
 
 logger = logging.getLogger("context_persistent")

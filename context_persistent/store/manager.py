@@ -19,7 +19,7 @@ from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
 from .delegation import _kept, _Limit
-from .opening import Opening
+from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
@@ -135,26 +135,8 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
-        return Opening(cls._open(storage_path=storage_path, session_id=session_id, hooks=hooks, readonly=readonly,
-                                 **config))
-
-    @classmethod
-    async def _open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
-                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
-        from ..operations.retention_on_open import open_store_log
-        from ..storage.paths import validate_session_id
-
-        validate_session_id(session_id)
-        cfg = cls.check_config(config)
-        storage_path = Path(storage_path).expanduser()
-        log = await open_store_log(storage_path, session_id, cfg, readonly=readonly)  # (retention on open first)
-        try:  # (whatever fails after the log is open, its writer lock is released)
-            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-            await store._life.load()
-        except BaseException:
-            await log.close()
-            raise
-        return store
+        return Opening(open_store(cls, storage_path=storage_path, session_id=session_id, hooks=hooks,
+                                  readonly=readonly, **config))
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:

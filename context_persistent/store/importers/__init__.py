@@ -24,7 +24,8 @@ from ...errors import MalformedInputError, SessionExistsError, SessionNotFoundEr
 from ...storage.backends import open_log
 from ...storage.paths import LOG_NAME, validate_session_id
 from ...transfer import snapshot_codec as sc
-from ...transfer.snapshot import _first_checkpoint, create_session, read_file, session_lines
+from ...transfer.atomic_files import read_file
+from ...transfer.new_session import _first_checkpoint, create_session, session_lines
 from ..manager import PersistentContextManager
 from . import claude_code, codex, pi
 from .common import Parsed, pairing
