@@ -31,12 +31,13 @@ _NONE = -1
 class UsageSeries:
     """The usage reports of one session, in log order (so sorted by seq), packed."""
 
-    __slots__ = ("seq", "request_seq", "input", "estimated", "output", "duplicates", "_ids")
+    __slots__ = ("seq", "request_seq", "input", "estimated", "output", "duplicate_seqs", "_ids")
 
     def __init__(self) -> None:
         self.seq, self.request_seq = array("q"), array("q")
         self.input, self.estimated, self.output = array("q"), array("q"), array("q")
-        self.duplicates = 0
+        #: The seqs of the reports skipped as seen before (they are records all the same: time travel counts them).
+        self.duplicate_seqs = array("q")
         self._ids: set[bytes] = set()
 
     def __len__(self) -> int:
@@ -51,7 +52,7 @@ class UsageSeries:
         if isinstance(rid, str):
             digest = hashlib.blake2b(f"{data.get('provider')}\x00{rid}".encode(), digest_size=12).digest()
             if digest in self._ids:
-                self.duplicates += 1
+                self.duplicate_seqs.append(int(rec["seq"]))
                 return False
             self._ids.add(digest)
         seq = int(rec["seq"])
@@ -62,6 +63,14 @@ class UsageSeries:
         self.estimated.append(_or_none(data.get("estimated_tokens")))
         self.output.append(_or_none(data.get("output_tokens")))
         return True
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.duplicate_seqs)
+
+    def records_between(self, after: int, upto: int) -> int:
+        """How many ``usage_reported`` records (skipped duplicates too) have a seq in ``after+1..upto``."""
+        return sum(bisect.bisect_right(a, upto) - bisect.bisect_right(a, after) for a in (self.seq, self.duplicate_seqs))
 
     def upto(self, at_seq: int | None) -> int:
         """How many reports were made at or before ``at_seq`` (all of them when None)."""
