@@ -120,8 +120,11 @@ def cut(state: Any, at_seq: int, marks: Any, pager: Any, system_indices: list[in
         wanted = [*(i for i in system_indices if i < n), *range(min(n, LAZY_HEAD)), *range(max(0, n - LAZY_RECENT), n)]
         known = {i: (items[i], keys[i], tokens[i]) for i in wanted}
         paged = pager is not None and type(items) is Refs
-        past = Projection.lazy(facts, n, known, [i for i in system_indices if i < n],
-                               lambda: (PagedList(items, pager) if paged else list(items), keys, tokens),
+
+        def load() -> Any:
+            return (PagedList(items, pager) if paged else list(items)), keys, tokens
+
+        past = Projection.lazy(facts, n, known, [i for i in system_indices if i < n], load,
                                pager if paged else None)
     else:
         past = Projection.from_state({**facts, "messages": items, "keys": keys, "tokens": tokens},

@@ -50,7 +50,7 @@ class Source:
         self.backend = dict(backend or {})
         self.config: dict[str, Any] = {**self.backend, "page_cache_bytes": PAGE_CACHE_BYTES}
         self._open: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._past: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        self._past: OrderedDict[tuple[str, int, str], _Entry] = OrderedDict()
         self._rows: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: The notable events of each session looked at (timeline.py), shared by the API and time travel.
