@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench bench-quick soak typecheck dist clean
+.PHONY: demo test test-fast bench bench-quick soak typecheck dist clean screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ bench-quick: $(STAMP)
 ## soak: the crash loop with many more kills than the test suite
 soak: $(STAMP)
 	CP_SOAK_KILLS=$${CP_SOAK_KILLS:-2000} $(PY) -m pytest -q -m slow tests/test_crash_loop.py
+
+## screenshots: the viewer's screenshots in docs/images (docs/viewer.md), with Debian's chromium
+screenshots: $(STAMP)
+	$(PY) docs/screenshots.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

@@ -44,7 +44,8 @@ def _functions() -> list[tuple[str, Callable[..., Any]]]:
     import context_persistent
 
     import_: Any = context_persistent.import_  # (a lazy module attribute)
-    return [("mount", context_persistent.mount), ("import_", import_)]
+    read_usage: Any = context_persistent.read_usage  # (a lazy module attribute)
+    return [("mount", context_persistent.mount), ("import_", import_), ("read_usage", read_usage)]
 
 
 def _errors() -> list[type]:

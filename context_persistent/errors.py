@@ -40,6 +40,18 @@ class ReadOnlyError(ContextPersistentError):
     """A write was attempted on a store opened with readonly=True."""
 
 
+#: What the chain check says of a log whose first record names another session id's root: a renamed or copied
+#: session folder, which repair cannot fix (its records are not damaged).
+FOREIGN_LOG = "belongs to a log of another session id"
+#: What to do about a foreign log, in every message that reports one.
+FOREIGN_LOG_ADVICE = (
+    "the folder holds the log of another session id (a renamed or copied session folder; its first record, "
+    "session_started, names that id): give the folder that name again, or, to keep the copy as a session of its "
+    "own, put it under that name in another storage folder and bring it over with `context-persistent --storage "
+    "OTHER export ID copy.jsonl` then `context-persistent import copy.jsonl NEW` (or `fork ID NEW` there); "
+    "`repair` cannot fix this, as nothing in it is damaged")
+
+
 class LogCorruptedError(ContextPersistentError):
     """A record before the end of the log fails its checksum or cannot be parsed."""
 
@@ -48,11 +60,11 @@ class LogCorruptedError(ContextPersistentError):
         self.line = line
         self.offset = offset
         self.reason = reason
-        super().__init__(
-            f"{path}: line {line} (byte offset {offset}) is corrupt: {reason}; "
-            "nothing was loaded. Run `context-persistent verify` for a report and "
-            "`context-persistent repair` to quarantine bad records and keep every valid one"
-        )
+        advice = (FOREIGN_LOG_ADVICE if FOREIGN_LOG in reason else
+                  "Run `context-persistent verify` for a report and `context-persistent repair` to quarantine bad "
+                  "records and keep every valid one")
+        super().__init__(f"{path}: line {line} (byte offset {offset}) is corrupt: {reason}; nothing was loaded. "
+                         f"{advice[0].upper()}{advice[1:]}")
 
 
 class InvalidRecordError(LogCorruptedError):

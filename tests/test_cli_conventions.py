@@ -119,11 +119,13 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
         "tail": ["tail", "ref", "-n", "2"], "export": ["export", "ref", str(tmp_path / "e.jsonl")],
         "import": ["import", str(REFERENCE), "imp"], "fork": ["fork", "ref", "forked"],
         "verify": ["verify", "ref"], "repair": ["repair", "ref"],
+        "search": ["search", "checkout"], "index": ["index", "status"],
         "retention": ["retention", "plan", "--max-sessions", "5"], "trash": ["trash", "list"],
+        "usage": ["usage"],
         "erase": ["erase", "ref", "--seq", "2"],  # (it changes the session)
         "migrate": ["migrate", "ref", "--segment-bytes", "4096"],  # (last: it changes the layout)
     }
-    refused = {"demo": ["demo"]}
+    refused = {"demo": ["demo"], "serve": ["serve", "--no-browser"]}
     assert set(runs) | set(refused) | {"db"} == set(_subparsers(build_parser()))  # db: test_postgres.py
     for name, argv in runs.items():
         p = cli(env, *argv, "--json")
@@ -133,7 +135,7 @@ def test_every_command_honours_or_refuses_json(env: dict[str, str], ref: Path, t
             json.loads(line)
     for name, argv in refused.items():
         p = cli(env, *argv, "--json")
-        assert p.returncode == 2 and "--json is not supported by demo" in p.stderr and p.stdout == ""
+        assert p.returncode == 2 and f"--json is not supported by {name}" in p.stderr and p.stdout == ""
 
 
 # -- help -------------------------------------------------------------------------------------------

@@ -297,7 +297,7 @@ async def test_a_session_folder_owned_by_another_user_is_refused(storage: Path) 
 
 async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path: Path) -> None:
     """Import and fork make their temp folder in the storage folder: a shared one is refused."""
-    from context_persistent.transfer.snapshot import create_session, session_lines
+    from context_persistent.transfer.new_session import create_session, session_lines
 
     storage = tmp_path / "shared"
     storage.mkdir()
@@ -310,13 +310,13 @@ async def test_import_and_fork_refuse_a_storage_folder_others_can_write(tmp_path
 # -- leftovers of a killed import are cleaned, a live one is left alone ------------------------------------
 _STALLED_IMPORT = """
 import asyncio, sys, time
-from context_persistent.transfer import snapshot
+from context_persistent.transfer import new_session
 def stall(path):
     print("READY", flush=True)   # the temp folder holds the whole new log now
     time.sleep(600)
-snapshot.fsync_dir = stall
-lines = snapshot.session_lines(sys.argv[2], {}, [{"role": "user", "content": "x"}])
-asyncio.run(snapshot.create_session(sys.argv[1], sys.argv[2], lines))
+new_session.fsync_dir = stall
+lines = new_session.session_lines(sys.argv[2], {}, [{"role": "user", "content": "x"}])
+asyncio.run(new_session.create_session(sys.argv[1], sys.argv[2], lines))
 """
 
 
@@ -340,7 +340,7 @@ async def test_temp_folders_of_a_killed_import_are_removed_and_live_ones_kept(
     of an import still running, nor a folder that only looks like one."""
     import signal
 
-    from context_persistent.transfer.snapshot import clean_stale_temp_folders, create_session, session_lines
+    from context_persistent.transfer.new_session import clean_stale_temp_folders, create_session, session_lines
 
     storage.mkdir(mode=0o700)
     live = _stalled_import(storage, "b", subprocess_env)

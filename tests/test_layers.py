@@ -41,7 +41,7 @@ def test_an_import_up_a_layer_breaks_the_contract(tmp_path: Path) -> None:
 
 
 PACKAGE = ROOT / "context_persistent"
-LAYERS = ("cli", "integrations", "store", "transfer", "operations", "storage", "model")
+LAYERS = ("cli", "viewer", "integrations", "store", "transfer", "operations", "storage", "model")
 
 
 def _code_lines(source: str, node: "ast.AST") -> int:
@@ -98,3 +98,23 @@ def test_every_module_compiles_without_a_warning() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             compile(path.read_text(), str(path), "exec")
+
+
+def test_the_architecture_diagram_is_the_folder_tree() -> None:
+    """docs/architecture.md's tree names every folder and module of the package (a module added without its
+    place in the diagram fails here)."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("```\ncontext_persistent/\n"):]
+    tree = tree[:tree.index("\n```", 4)]
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", tree))
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name == "__init__.py":
+            if rel.parent.parts and rel.parent.name not in words:
+                missing.append(f"{rel.parent}/")
+        elif path.stem not in words and path.stem not in ("__main__", "_apidoc"):
+            missing.append(str(rel))
+    assert not missing, f"not in docs/architecture.md's tree: {missing}"

@@ -37,9 +37,11 @@ def _runtime_imports(path: Path) -> set[str]:
 
 
 def test_snapshot_does_not_import_the_manager() -> None:
-    imported = _runtime_imports(PKG / "transfer" / "snapshot.py")
-    assert "context_persistent.store.manager" not in imported
-    assert "context_persistent.store.importing" not in imported  # transfer sits above snapshot and the manager
+    """Export, time travel and new sessions (transfer/) name the manager only for type checking."""
+    for name in ("snapshot", "time_travel", "new_session", "atomic_files"):
+        imported = _runtime_imports(PKG / "transfer" / f"{name}.py")
+        assert "context_persistent.store.manager" not in imported, name
+        assert "context_persistent.store.importing" not in imported, name  # (the store sits above transfer)
     assert "context_persistent.transfer.snapshot" in _runtime_imports(PKG / "store" / "importing.py")
 
 

@@ -113,3 +113,83 @@ def test_a_refused_file_in_a_session_folder_is_named_with_its_path(tmp_path: Pat
         FileLock(tmp_path / "s" / "lock", "s")
     assert caught.value.filename == str(tmp_path / "s" / "lock")
     assert str(tmp_path / "s" / "lock") in str(caught.value)
+
+
+async def _unanswered_call(storage: Path) -> None:
+    async with PersistentContextManager.open(storage_path=storage, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "list files"})
+        await store.add_message({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+
+
+async def test_verify_and_repair_point_an_unanswered_call_to_repair_semantic(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A sound log with an unanswered tool call: verify's verdict names `repair --semantic` (not plain repair),
+    and a plain repair, after "needs no repair", says the same; `repair --semantic` then fixes it."""
+    await _unanswered_call(tmp_path)
+    proc = _cli("--storage", str(tmp_path), "verify", "s", env=subprocess_env)
+    assert proc.returncode == 1 and "`context-persistent repair --semantic s`" in proc.stdout, proc.stdout
+    assert "`context-persistent repair s`" not in proc.stdout
+    proc = _cli("--storage", str(tmp_path), "repair", "s", env=subprocess_env)
+    assert proc.returncode == 0 and "needs no repair" in proc.stdout, proc
+    assert "`context-persistent repair --semantic s` records the fixes" in proc.stdout, proc.stdout
+    assert _cli("--storage", str(tmp_path), "repair", "--semantic", "s", env=subprocess_env).returncode == 0
+    assert _cli("--storage", str(tmp_path), "verify", "s", env=subprocess_env).returncode == 0
+
+
+async def test_a_copied_session_folder_points_to_its_name_or_export_and_import(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A session folder copied under another name: show, verify and repair all say it holds another session's
+    log and how to keep it (its name back, or export + import / fork), and none of them suggests repair."""
+    import shutil
+
+    await _two_sessions(tmp_path)
+    shutil.copytree(tmp_path / "my-session", tmp_path / "copy")
+    for command in (("show", "copy"), ("verify", "copy"), ("repair", "copy")):
+        proc = _cli("--storage", str(tmp_path), *command, env=subprocess_env)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 1, (command, said)
+        assert "holds the log of another session id" in said and "import copy.jsonl NEW" in said, (command, said)
+        assert "to quarantine bad records" not in said and "verdict: problems found; `context-persistent repair" \
+            not in said, (command, said)
+
+
+async def test_show_and_markdown_export_print_openai_agents_replies_as_text(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """An openai-agents assistant reply (``output_text`` blocks) is shown and exported to Markdown as its text,
+    not as ``[output_text]`` or a JSON block; a refusal says so."""
+    from context_persistent.integrations.openai_agents import PersistentSession
+
+    session = PersistentSession("agent", tmp_path)
+    await session.add_items([
+        {"role": "user", "content": "what is 2+2?"},
+        {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "It is four.", "annotations": []}]},
+        {"id": "msg_2", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "refusal", "refusal": "I cannot help with that."}]}])
+    await session.aclose()
+    shown = _cli("--storage", str(tmp_path), "show", "agent", env=subprocess_env)
+    assert shown.returncode == 0 and "It is four." in shown.stdout and "[output_text]" not in shown.stdout
+    assert "(refusal) I cannot help with that." in shown.stdout
+    out = tmp_path / "agent.md"
+    assert _cli("--storage", str(tmp_path), "export", "agent", str(out), env=subprocess_env).returncode == 0
+    text = out.read_text()
+    assert "\nIt is four.\n" in text and '"output_text"' not in text
+
+
+@pytest.mark.parametrize("view", ["full", "conversation", "reasoning"])
+async def test_a_markdown_export_counts_the_messages_of_its_view(tmp_path: Path, subprocess_env: dict[str, str],
+                                                                  view: str) -> None:
+    """The Markdown export of every view says how many messages it holds, in its header and in what the
+    command prints (the conversation and reasoning views once said 0)."""
+    async with PersistentContextManager.open(storage_path=tmp_path, session_id="s") as store:
+        await store.add_message({"role": "user", "content": "list files"})
+        await store.add_message({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        await store.add_message({"role": "tool", "tool_call_id": "c1", "content": "a.txt"})
+        await store.add_message({"role": "assistant", "content": "one file: a.txt"})
+    expected = {"full": 4, "conversation": 2, "reasoning": 4}[view]
+    out = tmp_path / f"{view}.md"
+    proc = _cli("--storage", str(tmp_path), "export", "s", str(out), "--view", view, env=subprocess_env)
+    assert proc.returncode == 0 and f"exported {expected} messages" in proc.stdout, proc
+    assert f"{expected} messages" in out.read_text()

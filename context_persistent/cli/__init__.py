@@ -23,12 +23,14 @@ from .. import __version__
 from ..errors import ContextPersistentError, SessionNotFoundError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "demo", "db")
+COMMAND_MODULES = ("inspect", "search", "transfer", "durability", "erase", "retention", "usage", "demo", "db", "serve")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 EPILOG = """examples:
-  context-persistent ls                        sessions with message counts, size and last activity
+  context-persistent ls                        sessions with message counts, size, first/last time and title
+  context-persistent search 'connection pool'  where did I discuss it? (every session; exit 1: no match)
+  context-persistent show my-session --around 42 -C 3    a hit in context
   context-persistent where                     the storage folder in use, and where that setting came from
   context-persistent show my-session --view conversation
   context-persistent show my-session -n 20     the last 20 messages, with the seq of each
@@ -38,15 +40,17 @@ EPILOG = """examples:
   context-persistent import transcript.jsonl migrated-session
   context-persistent fork my-session try-2 --at 40
   context-persistent verify my-session         check every record; exit 1 with a report if anything is wrong
+  context-persistent usage --by model          tokens and cost the providers reported, across the sessions
   context-persistent --storage /srv/agents ls  global options go before or after the command
   context-persistent demo                      run the crash-and-resume demo in a temporary folder
+  context-persistent serve                     a read-only web viewer of the sessions (the [viewer] extra)
   context-persistent --help                    this help; every command has its own --help with examples
 
 storage: --storage PATH, else $CONTEXT_PERSISTENT_DIR, else ~/.amplifier/context (`where` shows which)
 """
 
 #: Commands whose output has no JSON form: ``--json`` is refused (exit 2) rather than ignored.
-NO_JSON = frozenset({"demo"})
+NO_JSON = frozenset({"demo", "serve"})
 
 
 class UsageError(Exception):

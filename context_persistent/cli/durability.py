@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import ContextPersistentError, SessionLockedError
+from ..errors import FOREIGN_LOG_ADVICE, ContextPersistentError, SessionLockedError
 from ..storage.paths import session_dir
 from ..operations.repair import Report, RepairResult, repair, verify
 from ..operations.semantic import SemanticRepair
@@ -71,12 +71,26 @@ def format_report(r: Report) -> str:
         lines.append(f"  side file: {name}")
     for f in r.semantic:  # tool-call pairing and order of the history (semantic.py)
         lines.append(f"  {'PROBLEM' if f.problem else 'note:'} {f.describe()}")
-    if r.ok:
-        lines.append("verdict: clean")
-    else:
-        lines.append(f"verdict: problems found; `context-persistent repair {r.session_id}` keeps every valid "
-                     "record and quarantines the rest")
+    lines.append("verdict: clean" if r.ok else f"verdict: problems found; {next_step(r)}")
     return "\n".join(lines)
+
+
+def next_step(r: Report) -> str:
+    """What fixes what verify found: plain ``repair`` for damaged bytes, ``repair --semantic`` for tool calls
+    that do not pair up, neither for another session's log (a copied or renamed folder)."""
+    if any(p.kind == "session" for p in r.problems):
+        return FOREIGN_LOG_ADVICE
+    damaged = bool(r.problems) or any(not g.explained and not g.corrupt for g in r.gaps) \
+        or r.checkpoint["status"] not in ("missing", "valid")
+    semantic = any(f.problem for f in r.semantic)
+    sid = r.session_id
+    if damaged and semantic:
+        return (f"`context-persistent repair {sid}` keeps every valid record and quarantines the rest; then "
+                f"`context-persistent repair --semantic {sid}` records what answers the tool calls")
+    if semantic:
+        return (f"the log's bytes are sound; `context-persistent repair --semantic {sid}` records placeholder "
+                "results for the unanswered tool calls and hides orphan results (as events; nothing is rewritten)")
+    return f"`context-persistent repair {sid}` keeps every valid record and quarantines the rest"
 
 
 def format_repair(r: RepairResult) -> str:
@@ -102,6 +116,7 @@ def format_repair(r: RepairResult) -> str:
         lines.append(f"  rebuilt the log atomically: {r.old_size} -> {r.new_size} bytes")
     for p in r.unfixable:
         why = ("repair never rewrites a sealed segment: restore it from a backup" if p.kind == "segment"
+               else FOREIGN_LOG_ADVICE if p.kind == "session"
                else "its checksum is valid: repair never removes a valid record")
         lines.append(f"  NOT FIXED {p.describe()} ({why})")
     return "\n".join(lines)
@@ -214,6 +229,17 @@ def _ids(message: dict[str, Any]) -> list[str]:
     return _answered_ids(message)
 
 
+def _hint_semantic(args: argparse.Namespace) -> None:
+    """After a plain repair: if the history's tool calls still do not pair up (which only ``--semantic`` fixes),
+    say so, rather than leave "needs no repair" as the last word."""
+    report = verify(session_dir(require_storage(args), args.session), args.session)
+    unpaired = [f for f in report.semantic if f.problem]
+    if unpaired:
+        print(f"  the history's tool calls do not pair up ({len(unpaired)} finding"
+              f"{'s' if len(unpaired) > 1 else ''}: {unpaired[0].describe()}); "
+              f"`context-persistent repair --semantic {args.session}` records the fixes as events")
+
+
 def run_repair(args: argparse.Namespace) -> int:
     try:
         result = _run(args, "repair", repair, format_repair, quiet=getattr(args, "semantic", False))
@@ -224,6 +250,8 @@ def run_repair(args: argparse.Namespace) -> int:
             f"Stop that agent (or let it close the session), then run `context-persistent repair {e.session_id}` "
             f"again; `context-persistent verify {e.session_id}` works meanwhile") from None
     if not getattr(args, "semantic", False):
+        if not result.unfixable and not args.json and not getattr(args, "quiet", False):
+            _hint_semantic(args)
         return EXIT_PROBLEM if result.unfixable else EXIT_OK
     # --semantic: one report (one JSON object) for both steps; the semantic step runs on a readable log only
     fixed = None if result.unfixable else asyncio.run(repair_semantic(storage_of(args), args.session))

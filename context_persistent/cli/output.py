@@ -68,8 +68,10 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
         for b in content:
             if not isinstance(b, dict):
                 parts.append(str(b))
-            elif b.get("type") == "text":
+            elif b.get("type") in ("text", "output_text", "input_text"):  # (the last two: OpenAI Responses items)
                 parts.append(str(b.get("text", "")))
+            elif b.get("type") == "refusal":
+                parts.append(f"(refusal) {b.get('refusal', '')}")
             elif b.get("type") in ("tool_use", "tool_call"):  # Anthropic's block, Amplifier's ToolCallBlock
                 shown_calls.add(b.get("id"))
                 parts.append(f"→ {b.get('name')}({orjson.dumps(b.get('input')).decode()})  [{b.get('id')}]")

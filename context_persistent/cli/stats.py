@@ -128,6 +128,11 @@ async def _stats(args: argparse.Namespace) -> int:
                  + ("" if made is None else f"; compacted: {made.get('strategy_used')}, "
                     f"{made.get('before_tokens', 0):,} -> {made.get('after_tokens', 0):,} tokens")])
     rows.append(["last compaction", "none recorded" if recorded is None else _describe_compaction(recorded)])
+    src, last = st["sources"], st["last_usage"]  # where the numbers come from (docs/tokens.md)
+    rows.append(["token sources", f"counts {src['tokens']}; budget {src['budget']}"])
+    if last is not None:
+        rows.append(["last usage", f"{last.get('input_tokens')} in / {last.get('output_tokens')} out "
+                     f"({last.get('provider')}, {last.get('model')}): reported by the provider"])
     if session.get("parent"):
         rows.append(["forked from", f"{session['parent'].get('session_id')} at seq {session['parent'].get('seq')}"])
     if session.get("imported"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -238,8 +239,7 @@ class PersistentHistoryProvider(HistoryProvider):
             return
         store = await self.store(session_id)
         assert store is not None
-        for m in encoded:
-            await store.add_message(m)
+        await store.add_messages(encoded)  # (every message validated before the first is written: all or none)
 
     async def replace_messages(self, session_id: str | None, messages: Sequence[Message]) -> None:
         """Make the session's history exactly ``messages`` (one ``messages_replaced`` event; the log keeps what
@@ -274,8 +274,23 @@ class PersistentHistoryProvider(HistoryProvider):
         await self.replace_messages(session_id, messages)
         return True
 
+    async def _record_usage(self, context: Any) -> None:
+        """Usage never fails a run: a report the store refuses is one warning line."""
+        from .usage_of import agent_framework_report
+
+        try:
+            report = agent_framework_report(getattr(context, "response", None))
+            if report is not None:
+                store = await self.store(context.session_id)
+                if store is not None:
+                    await store.record_usage(report[0], source="agent-framework", **report[1])
+        except Exception as e:
+            logging.getLogger("context_persistent").warning("agent-framework usage not recorded: %s", e)
+
     async def after_run(self, *, agent: Any, session: Any, context: Any, state: dict[str, Any]) -> None:
-        """Store the run's messages, then compact the stored history if ``compaction_strategy`` is set."""
+        """Store the run's messages and the usage its response reports (a ``usage_reported`` event, once per
+        ``response_id``), then compact the stored history if ``compaction_strategy`` is set."""
         await super().after_run(agent=agent, session=session, context=context, state=state)
+        await self._record_usage(context)
         if self.compaction_strategy is not None:
             await self.compact_storage(context.session_id)

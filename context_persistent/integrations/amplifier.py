@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..store.config import KNOWN_KEYS
+from ..errors import SessionLockedError
 from ..store.manager import PersistentContextManager
+from .amplifier_host import HostContext, SessionInUseError
 
 logger = logging.getLogger("context_persistent")
 
@@ -37,6 +40,17 @@ def is_validator(coordinator: Any) -> bool:
     """
     return any(c.__name__ == "MockCoordinator" and c.__module__ == "amplifier_core.testing"
                for c in type(coordinator).__mro__)
+
+
+def _validating() -> bool:
+    """Whether this mount is called by amplifier_core's module validation (``amplifier_core.validation``: the
+    kernel's loader validates a context module at load by mounting it with the mount plan's config)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("amplifier_core.validation"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def storage_from(config: dict[str, Any]) -> Path:
@@ -69,10 +83,12 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     if not session_id:
         raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
     ephemeral: Path | None = None
-    if is_validator(coordinator) and not any(config.get(k) for k in ("storage_path", "backend", "dsn")):
-        # A validator run (the test coordinator, no storage configured) is not a session: give it a private
-        # store that the cleanup deletes, so it leaves nothing in the default storage and takes no lock another
-        # process could collide with. A test coordinator given a storage is an app's test: it persists there.
+    if is_validator(coordinator) and (_validating() or not any(config.get(k) for k in ("storage_path", "backend",
+                                                                                      "dsn"))):
+        # A validator run (amplifier_core's validation, which passes the mount plan's config, or the test
+        # coordinator with no storage configured) is not a session: give it a private store that the cleanup
+        # deletes, so it leaves nothing in the storage and takes no lock another process could collide with. The
+        # test coordinator given a storage by anything else is an app's own test: it persists there.
         ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
         for key in ("backend", "dsn", "pg_schema"):
             config.pop(key, None)
@@ -87,18 +103,26 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
                        ", ".join(sorted(KNOWN_KEYS)))
         config.pop(key)
     try:
-        store = await PersistentContextManager.open(
+        store = await HostContext.open(
             storage_path=storage, session_id=str(session_id), hooks=getattr(coordinator, "hooks", None), **config
         )
+    except SessionLockedError as e:  # (a second amplifier process on the session: say it in the CLI's terms)
+        if ephemeral is not None:
+            shutil.rmtree(ephemeral, ignore_errors=True)
+        raise SessionInUseError(e) from None
     except BaseException:
         if ephemeral is not None:
             shutil.rmtree(ephemeral, ignore_errors=True)
         raise
+    unregister = None
+    assert isinstance(store, HostContext)
+    store.reopen_with = dict(config)
     try:
         await coordinator.mount("context", store)
         register = getattr(coordinator, "register_contributor", None)
         if callable(register):
             register("observability.events", "context-persistent", lambda: list(OBSERVABLE_EVENTS))
+        unregister = register_usage_hook(coordinator, store)
     except BaseException:
         await store.close()
         if ephemeral is not None:
@@ -107,9 +131,71 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
 
     async def cleanup() -> None:
         try:
+            if callable(unregister):
+                unregister()
             await store.close()
+            # (the orchestrator may still write after this, e.g. its "cancelled" message after Ctrl-C)
+            store.closed_by_host = ephemeral is None
         finally:
             if ephemeral is not None:
                 shutil.rmtree(ephemeral, ignore_errors=True)
 
     return cleanup
+
+
+#: The hook event loop-basic (and every orchestrator that follows it) emits after ``provider.complete()``:
+#: ``{"provider": name, "usage": Usage, "tool_calls": bool}`` (amplifier_core.events.PROVIDER_RESPONSE).
+PROVIDER_RESPONSE = "provider:response"
+
+
+def _model_of(coordinator: Any, provider_name: Any) -> tuple[str | None, str | None]:
+    """(provider, model) for a report: the mounted provider's own name and model where it says (the names the
+    store's request views see), else the name the event gives."""
+    from ..store.usage import provider_identity
+
+    providers = None
+    get = getattr(coordinator, "get", None)
+    if callable(get):
+        try:
+            providers = get("providers")
+        except Exception:  # (a coordinator without providers: the event's name alone)
+            providers = None
+    provider = providers.get(provider_name) if isinstance(providers, dict) else None
+    name, model = provider_identity(provider)
+    return name or (provider_name if isinstance(provider_name, str) else None), model
+
+
+def register_usage_hook(coordinator: Any, store: PersistentContextManager) -> Any:
+    """Record each ``provider:response`` of this session in ``store`` (``record_usage``); returns the
+    unregister function, or None when the coordinator has no hooks. Events of other sessions (sub-sessions
+    sharing the hooks) are left to their own stores. A report that cannot be recorded is one warning line:
+    usage never fails a turn."""
+    hooks = getattr(coordinator, "hooks", None)
+    register = getattr(hooks, "register", None)
+    if not callable(register):
+        return None
+    own = str(getattr(coordinator, "session_id", None) or store.session_id)
+
+    async def on_provider_response(event: str, data: dict[str, Any]) -> Any:
+        try:
+            sid = data.get("session_id")
+            usage = data.get("usage")
+            if usage is not None and (sid is None or str(sid) in (own, store.session_id)) and not store.closed:
+                provider, model = _model_of(coordinator, data.get("provider"))
+                await store.record_usage(usage, provider=provider, model=model, source="amplifier")
+        except Exception as e:
+            logger.warning("context-persistent: usage of a provider response not recorded: %s", e)
+        return _continue()
+
+    try:
+        return register(PROVIDER_RESPONSE, on_provider_response, name="context-persistent-usage")
+    except TypeError:  # (a registry without names)
+        return register(PROVIDER_RESPONSE, on_provider_response)
+
+
+def _continue() -> Any:
+    try:
+        from amplifier_core.models import HookResult  # type: ignore[import-untyped]
+    except ImportError:  # (a host without amplifier_core: its hooks take None as "continue")
+        return None
+    return HookResult(action="continue")

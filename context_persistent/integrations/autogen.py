@@ -395,6 +395,18 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
                     await self._add(store, message)
         return store
 
+    async def record_usage(self, result: Any, *, provider: str | None = None, model: str | None = None) -> int:
+        """Record what the model reported: ``result`` is a ``CreateResult`` (what a model client's ``create``
+        returns), a ``RequestUsage``, or an agent's ``Response``/``TaskResult`` (its messages' ``models_usage``).
+        Returns the number of reports written (docs/integrations.md, "Usage")."""
+        from .usage_of import autogen_reports
+
+        store = await self.store()
+        done = 0
+        for usage, kw in autogen_reports(result):
+            done += await store.record_usage(usage, provider=provider, model=model, source="autogen", **kw) is not None
+        return done
+
     async def close(self) -> None:
         """Close the store if this context opened it."""
         if self._store is not None and self._owns_store:
@@ -411,8 +423,7 @@ class PersistentChatCompletionContext(ChatCompletionContext, Component[Persisten
 
     async def _add(self, store: PersistentContextManager, message: LLMMessage) -> None:
         stored = to_stored(message)
-        for m in stored:
-            await store.add_message(m)
+        await store.add_messages(stored)  # (each part validated before the first is written: all or none)
         if self._mirror is not None and self._mirror_seq == _stamp(store, -len(stored)):
             self._mirror.append(message.model_copy(deep=True))
             self._mirror_seq = _stamp(store)

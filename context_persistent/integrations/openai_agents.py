@@ -230,6 +230,22 @@ class PersistentSession:
         await self._call(clear)
 
     # -- beyond the protocol --------------------------------------------------------------------------
+    async def record_usage(self, result: Any, *, provider: str | None = "openai") -> int:
+        """Record what the model reported for a run: ``result`` is a ``RunResult`` (each of its
+        ``raw_responses``, by ``response_id``: recording a run twice counts it once), a ``ModelResponse`` or a
+        ``Usage``. Returns the number of reports written (docs/integrations.md, "Usage")."""
+        from .usage_of import openai_agents_reports
+
+        reports = openai_agents_reports(result)
+
+        async def record(store: PersistentContextManager) -> int:
+            done = 0
+            for usage, kw in reports:
+                done += await store.record_usage(usage, provider=provider, source="openai-agents", **kw) is not None
+            return done
+
+        return await self._call(record)
+
     async def run(self, fn: Callable[[PersistentContextManager], Awaitable[T]]) -> T:
         """``await fn(store)`` on the session's thread: the underlying store, for its views, ``stats()``, ``export``.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import UnsupportedFormatError
+from ..errors import FOREIGN_LOG, UnsupportedFormatError
 
 #: Major format version written into every record; a reader refuses a newer one. Version 2 added ``prev``.
 FORMAT_VERSION = 2
@@ -268,7 +268,7 @@ class Links:
                                "before it are missing")
                 else:
                     problem = (f"names {prev} as its predecessor instead of this session's root {self.root}: it "
-                               "belongs to a log of another session id")
+                               f"{FOREIGN_LOG}")
             elif last is not None and prev != last:
                 problem = (f"names crc {prev} as its predecessor, but the record before it has crc {last}: it "
                            "was not appended after that record (a record from another log, or records removed "

@@ -15,8 +15,9 @@ from ..model import events as ev
 from ..transfer import snapshot_codec as sc
 from .manager import PersistentContextManager
 from ..storage.paths import validate_session_id
-from ..transfer.snapshot import (Progress, _first_checkpoint, _target, create_session, export, read_file,
-                       session_lines)
+from ..transfer.atomic_files import Progress, read_file
+from ..transfer.new_session import _first_checkpoint, _target, create_session, session_lines
+from ..transfer.snapshot import export
 
 
 async def import_(path: str | os.PathLike[str], *, session_id: str, storage_path: str | os.PathLike[str],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterator
 
-from ..model.projection import LazyList, PagedList, _resolve
+from ..model.history_lists import LazyList, PagedList, _resolve
 from .session import Session
 from ..model.tokens import PIECE, message_text
 

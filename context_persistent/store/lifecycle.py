@@ -4,8 +4,10 @@ released."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+from collections.abc import Awaitable, Callable
 
 from ..model import codec
 from ..model import events as ev
@@ -21,10 +23,13 @@ logger = logging.getLogger("context_persistent")
 class Lifecycle:
     """Loads and closes one session."""
 
-    def __init__(self, session: Session, writer: Writer, appends: Appends) -> None:
+    def __init__(self, session: Session, writer: Writer, appends: Appends,
+                 after_load: Callable[[], Awaitable[None]] | None = None) -> None:
         self._s = session
         self._writer = writer
         self._appends = appends
+        #: What the other parts rebuild from the log once it is loaded (the usage meter's reports).
+        self._after_load_hook = after_load
 
     async def load(self) -> None:
         """Replay the log (from the newest usable checkpoint), then recover and start the session."""
@@ -47,6 +52,8 @@ class Lifecycle:
         if total is not None:  # (every message had a count at the checkpoint: stats() need not read them)
             s.token_total_hint = (s.epoch, total[0], s.state.tokens, total[1])
         await self._after_load()
+        if self._after_load_hook is not None:
+            await self._after_load_hook()
 
     async def _after_load(self) -> None:
         """Recover a torn tail, note what was loaded, start a new log with ``session_started``."""
@@ -94,6 +101,8 @@ class Lifecycle:
         s.closed = True
         try:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
+            if s.indexer is not None:  # (the search index's thread: the session's pending catch-up, bounded)
+                await asyncio.to_thread(s.indexer.flush, s.session_id)
         finally:
             await s.log.close()
             if s.pager is not None:

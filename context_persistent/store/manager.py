@@ -9,6 +9,7 @@ stays cheap.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
-from .opening import Opening
+from .delegation import _kept, _Limit
+from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
@@ -31,38 +33,11 @@ if TYPE_CHECKING:
     from .request_views import RequestViews
     from .session import Session
     from .system_prompt import SystemPrompt
+    from .usage import UsageMeter
     from .writer import Writer
 
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
-
-
-def _kept(part: str, attr: str, doc: str | None = None) -> Any:
-    """A store attribute kept by one of its parts: ``store.<name>`` reads and sets ``<part>.<attr>``."""
-
-    def get(store: Any) -> Any:
-        return getattr(getattr(store, part), attr)
-
-    def put(store: Any, value: Any) -> None:
-        setattr(getattr(store, part), attr, value)
-
-    get.__doc__ = doc
-    return property(get, put)
-
-
-class _Limit:
-    """A class-level number the request views read, which tests lower on one store."""
-
-    def __init__(self, part: str, attr: str, default: int) -> None:
-        self.part, self.attr, self.default = part, attr, default
-
-    def __get__(self, store: Any, owner: Any = None) -> int:
-        if store is None:
-            return self.default
-        return int(getattr(getattr(store, self.part), self.attr))
-
-    def __set__(self, store: Any, value: int) -> None:
-        setattr(getattr(store, self.part), self.attr, value)
 
 
 class PersistentContextManager:
@@ -124,6 +99,7 @@ class PersistentContextManager:
         from .request_views import RequestViews
         from .session import Session
         from .system_prompt import SystemPrompt
+        from .usage import UsageMeter
         from .writer import Writer
 
         self._s = s = Session(storage_path=storage_path, session_id=session_id, log=log, config=config, hooks=hooks)
@@ -136,7 +112,8 @@ class PersistentContextManager:
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
         self._eraser = Eraser(s, writer, self._appends, self._edits, self._forget_derived, self)
-        self._life = Lifecycle(s, writer, self._appends)
+        self._usage = UsageMeter(s, writer)
+        self._life = Lifecycle(s, writer, self._appends, self._usage.rebuild)
 
     # -- opening (lifecycle.py)  -------------------------------------------------------------
     @classmethod
@@ -158,26 +135,8 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
-        return Opening(cls._open(storage_path=storage_path, session_id=session_id, hooks=hooks, readonly=readonly,
-                                 **config))
-
-    @classmethod
-    async def _open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
-                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
-        from ..operations.retention_on_open import open_store_log
-        from ..storage.paths import validate_session_id
-
-        validate_session_id(session_id)
-        cfg = cls.check_config(config)
-        storage_path = Path(storage_path).expanduser()
-        log = await open_store_log(storage_path, session_id, cfg, readonly=readonly)  # (retention on open first)
-        try:  # (whatever fails after the log is open, its writer lock is released)
-            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-            await store._life.load()
-        except BaseException:
-            await log.close()
-            raise
-        return store
+        return Opening(open_store(cls, storage_path=storage_path, session_id=session_id, hooks=hooks,
+                                  readonly=readonly, **config))
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -361,6 +320,32 @@ class PersistentContextManager:
         """
         return await self._eraser.erase(message_index, seq, index, reason, vacuum)
 
+    async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
+                     since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
+        """Full-text search of this session (``all_sessions``: of every session of its storage) through the
+        storage's search index, caught up first (docs/search.md).
+
+        ``query`` is in SQLite FTS5's language: words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/``NOT``,
+        ``NEAR(a b, N)``, ``tools:NAME``. ``role`` keeps one role's messages, ``since`` those from a time on (a
+        datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
+        ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
+        replaced) that the log still holds. The file backend only.
+
+        Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
+        brackets, score, whether the views show it), best first.
+
+        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter or on
+        PostgreSQL.
+        """
+        from ..operations.search import search
+
+        self._check_open()
+        if self._s.config["backend"] != "file":
+            raise ValueError("search is available on the file backend only (docs/search.md, 'PostgreSQL')")
+        return await asyncio.to_thread(asyncio.run, search(
+            self._s.storage_path, query, session_id=None if all_sessions else self.session_id, role=role,
+            since=since, limit=limit, all_messages=all_messages))
+
     async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
         """Check an erasure receipt (from ``erase``) against this session as stored now.
 
@@ -442,7 +427,9 @@ class PersistentContextManager:
                                        ) -> list[dict[str, Any]]:
         """Returns the history made valid for a provider and, over the threshold, fitted to the budget.
 
-        ``token_budget`` and ``provider`` choose the budget as ``resolve_budget`` does. The view is cached
+        ``token_budget`` and ``provider`` choose the budget as ``resolve_budget`` does, in the provider's tokens;
+        with ``calibrate`` (the default) the view is fitted so that the provider's count of it, as calibrated
+        from its reports (``record_usage``), stays inside that budget (docs/tokens.md). The view is cached
         until the log or the budget changes, so repeated calls cost O(1). The list is new on
         every call; the message dicts in it belong to the cached view (never to the stored history): treat them
         as read-only, or set ``copy_request_view: true`` to get deep copies (see docs/compaction.md).
@@ -451,7 +438,9 @@ class PersistentContextManager:
         self._s.check_open()
         self._appends.end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         await self._prompt.refresh()
-        view = await self._views.view(*self.resolve_budget(token_budget, provider))
+        budget, source = self.resolve_budget(token_budget, provider)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        self._usage.serve(self._s.state.head_seq, view.token_count, provider)
         if self._s.config["copy_request_view"]:
             return copy_json(view.messages)
         return list(view.messages)
@@ -463,7 +452,8 @@ class PersistentContextManager:
         Raises StoreClosedError after ``close()``, ValueError for a bad ``token_budget``.
         """
         self._s.check_open()
-        view = await self._views.view(*self.resolve_budget(token_budget, provider))
+        budget, source = self.resolve_budget(token_budget, provider)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:
@@ -476,10 +466,40 @@ class PersistentContextManager:
         ``tokens``, ``tokenizer``, ``tokenizer_exact``, ``fsync``, ``loaded_from_file``, ``last_compaction``
         (None, or the last compaction that changed the request view: ``at_seq``, ``ts``, ``budget``,
         ``budget_source``, ``strategy_used``, tokens and messages before and after, what was dropped, masked
-        or truncated) and ``checkpoint``. Raises StoreClosedError after ``close()``.
+        or truncated), ``checkpoint``; and where the numbers come from: ``sources`` (``tokens``: "estimated
+        (cl100k_base)" or "exact (...)"; ``budget``: "calibrated x1.38 + 2,100 fixed from 14 reports" or the
+        prior in use; ``last_usage``: "reported by the provider"), ``calibration`` (its slope, overhead,
+        reports, prior and the budgets of the last request) and ``last_usage`` (the newest report's data, or
+        None). Raises StoreClosedError after ``close()``.
         """
-        self._s.check_open()
-        return self._s.stats(self._ledger.total())
+        s = self._s
+        s.check_open()
+        return {**s.stats(self._ledger.total()), **self._usage.stats(s.counter.name, s.counter.exact)}
+
+    async def record_usage(self, usage: Any, *, provider: str | None = None, model: str | None = None,
+                           request_seq: int | None = None, estimated_tokens: int | None = None,
+                           source: str = "api", id: str | None = None,
+                           input_includes_cache: bool | None = None) -> dict[str, Any] | None:
+        """Record what a provider reported for a request: a ``usage_reported`` event (docs/format.md).
+
+        ``usage`` is a mapping or an object (amplifier_core ``Usage``, a pydantic model, ...) with
+        ``input_tokens`` (or ``prompt_tokens``), ``output_tokens`` (or ``completion_tokens``) and optionally
+        ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``provider`` and
+        ``model`` name who counted (the calibration is kept per provider and model). ``request_seq`` and
+        ``estimated_tokens`` default to the request view this store served last (the request the report
+        answers). ``id`` (the provider's response id) makes recording the same report again a no-op.
+        ``input_includes_cache``: whether ``input_tokens`` already count the cached tokens (OpenAI: yes;
+        Anthropic: no; None: by the provider's name). The report calibrates the meter at once; the record is
+        written with the next append (or at close, or by the next group commit): never a write of its own on
+        the request path, and a kill before then loses this report, never repeats one.
+
+        Returns the event data (None if this ``id`` was recorded already). Raises ValueError for negative or
+        non-integer tokens, a negative cost, an unknown ``source``; TypeError if ``usage`` has no token
+        fields; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``.
+        """
+        return self._usage.record(usage, provider=provider, model=model, request_seq=request_seq,
+                                  estimated_tokens=estimated_tokens, source=source, id=id,
+                                  input_includes_cache=input_includes_cache)
 
     # -- snapshots, forks, live tail (snapshot.py, follow.py; docs/snapshots.md) ------------------------
     async def export(self, path: str | os.PathLike[str], *, format: str | None = None, view: str = "full",
@@ -509,7 +529,7 @@ class PersistentContextManager:
         ``path``). Raises SessionExistsError if the new session exists, ValueError for a bad id or
         ``at_seq``.
         """
-        from ..transfer.snapshot import fork
+        from ..transfer.new_session import fork
 
         return await fork(self, new_session_id, at_seq=at_seq)
 
@@ -517,7 +537,7 @@ class PersistentContextManager:
         """Returns a read-only store showing this session as it was right after event ``seq`` (close it after
         use); it has every read method. Raises ValueError if ``seq`` is not between 1 and ``head_seq``,
         StoreClosedError after ``close()``."""
-        from ..transfer.snapshot import open_at
+        from ..transfer.time_travel import open_at
 
         self._s.check_open()
         return await open_at(self, seq)

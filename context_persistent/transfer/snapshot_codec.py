@@ -169,7 +169,7 @@ def render_markdown(header: dict[str, Any], messages: Sequence[dict[str, Any]]) 
             out.append(content.rstrip("\n") + "\n")
         elif isinstance(content, list):
             for block in content:
-                if isinstance(block, dict) and block.get("type") == "text":
+                if isinstance(block, dict) and block.get("type") in ("text", "output_text", "input_text"):
                     out.append(str(block.get("text", "")).rstrip("\n") + "\n")
                 else:
                     out.append(_fenced(block))

@@ -21,8 +21,8 @@ from ...model.projection import Counts, PagedList, Projection, Refs, json_defaul
 CHECKPOINT_VERSION = 4
 READABLE_VERSIONS = (2, 3, 4)
 #: The projection layout a payload was written for: a new field invalidates old checkpoints by itself. (The
-#: pager is where messages are read from, not state.)
-SCHEMA = sorted(s for s in Projection.__slots__ if s != "pager")
+#: pager is where messages are read from, not state. The fields are slots of Projection's base, model/fold.py.)
+SCHEMA = sorted(s for c in Projection.__mro__ for s in getattr(c, "__slots__", ()) if s != "pager")
 #: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
 DUMP_STEP = 16_384
 _TRAILER = 9  # 8 hex digits + newline

@@ -21,6 +21,10 @@ class FakeLoop:
             request = await context.get_messages_for_request(provider=provider)
             self.requests.append(request)
             reply = await provider.complete(request)
+            usage = getattr(provider, "last_usage", None)
+            if usage is not None:  # as loop-basic does right after provider.complete()
+                await hooks.emit("provider:response", {"provider": "fake", "usage": usage,
+                                                       "tool_calls": bool(reply.get("tool_calls"))})
             await context.add_message(reply)
             if not reply.get("tool_calls"):
                 return reply["content"]

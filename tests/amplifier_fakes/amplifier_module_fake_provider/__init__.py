@@ -14,16 +14,28 @@ class FakeProvider:
         self.context_window = config.get("context_window", 100_000)
         self.max_output_tokens = config.get("max_output_tokens", 4_000)
         self.calls = 0
+        #: With ``report_usage``: the usage of the last response, counted as ``usage_ratio`` tokens per 4
+        #: characters of the request's JSON plus ``usage_overhead`` (as a provider whose tokenizer differs).
+        self.report_usage = config.get("report_usage", False)
+        self.ratio = config.get("usage_ratio", 1.0)
+        self.overhead = config.get("usage_overhead", 0)
+        self.model = config.get("model")
+        self.last_usage: dict[str, Any] | None = None
 
     def get_info(self) -> Any:
         return SimpleNamespace(id="fake", display_name="Fake", defaults={
-            "context_window": self.context_window, "max_output_tokens": self.max_output_tokens})
+            "context_window": self.context_window, "max_output_tokens": self.max_output_tokens,
+            **({"model": self.model} if self.model else {})})
 
     async def list_models(self) -> list[Any]:
         return []
 
     async def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
         self.calls += 1
+        if self.report_usage:
+            size = int(self.ratio * len(json.dumps(messages)) / 4) + self.overhead
+            self.last_usage = {"input_tokens": size, "output_tokens": 7, "total_tokens": size + 7,
+                               "cache_read_tokens": None, "cache_write_tokens": None, "cost_usd": 0.001}
         last = messages[-1]
         if last["role"] == "user":
             return {"role": "assistant", "content": None, "tool_calls": [{

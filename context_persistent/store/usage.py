@@ -1,0 +1,168 @@
+"""Provider-reported usage in one open store: recorded off the request path, folded into the calibrated meter
+(model/calibration.py) that the request view's budget follows, rebuilt from the log's newest reports at open."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..model import events as ev
+from ..model.calibration import WINDOW, Calibration, Fit, Key
+from ..model.usage import usage_data
+from .session import Session
+from .writer import Writer
+
+logger = logging.getLogger("context_persistent")
+
+#: Reports read back at open: enough for the fit of the few models a session uses (``WINDOW`` each).
+REBUILD_REPORTS = 8 * WINDOW
+#: The fitted budget moves only when the calibration lowers it, or raises it by more than this fraction: a
+#: budget that changed after every report would rebuild the request view every turn instead of extending it.
+RAISE_STEP = 0.02
+
+
+def provider_identity(provider: Any) -> tuple[str | None, str | None]:
+    """(name, model) of a host's provider object, where it says: its ``name``, and the model of
+    ``get_info().defaults`` or a ``default_model``/``model`` attribute."""
+    if provider is None:
+        return None, None
+    name = getattr(provider, "name", None)
+    model = None
+    try:
+        info = provider.get_info() if callable(getattr(provider, "get_info", None)) else None
+        defaults = getattr(info, "defaults", None) if info is not None else None
+        if isinstance(defaults, dict):
+            model = defaults.get("model")
+    except Exception as e:  # a provider's info is advice only
+        logger.debug("provider.get_info() failed: %s", e)
+    for attr in ("default_model", "model"):
+        if model is None:
+            model = getattr(provider, attr, None)
+    return (name if isinstance(name, str) and name else None), (model if isinstance(model, str) and model else None)
+
+
+class UsageMeter:
+    """Records usage reports and keeps the calibration of one session."""
+
+    def __init__(self, session: Session, writer: Writer) -> None:
+        self._s = session
+        self._writer = writer
+        self.calibration = Calibration()
+        #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
+        self.served: tuple[int, int, Key] | None = None
+        self.last_report: dict[str, Any] | None = None
+        #: ids of the reports recorded (or read back at open): a host recording one twice writes it once.
+        self._ids: set[tuple[Any, str]] = set()
+        #: (provider budget, key) -> budget in the store's tokens in use (see RAISE_STEP).
+        self._budgets: dict[tuple[int, Key], int] = {}
+        self.last_fit: tuple[Fit, int, int] | None = None  # (fit, provider budget, store budget) of the last request
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._s.config["calibrate"])
+
+    async def rebuild(self) -> None:
+        """Fold the log's newest reports (at open). A log that cannot be read back here keeps the prior (logged);
+        the store's own reads report what is wrong with it."""
+        if not self._s.state.counts.get(ev.USAGE_REPORTED):
+            return
+        from ..storage.newest import newest_records
+
+        try:
+            records = await newest_records(self._s.log, ev.USAGE_REPORTED, REBUILD_REPORTS)
+        except Exception as e:
+            logger.warning("session %s: could not read the usage reports back (%s); the meter starts from the prior",
+                           self._s.session_id, e)
+            return
+        for rec in records:
+            self._fold(rec["data"])
+
+    def _fold(self, data: dict[str, Any]) -> None:
+        if isinstance(data.get("id"), str):
+            self._ids.add((data.get("provider"), data["id"]))
+        self.calibration.apply(data)
+        self.last_report = data
+
+    def record(self, usage: Any, *, provider: str | None, model: str | None, request_seq: int | None,
+               estimated_tokens: int | None, source: str, id: str | None,
+               input_includes_cache: bool | None) -> dict[str, Any] | None:
+        """Make, fold and queue a ``usage_reported`` event; returns its data (None: this id was recorded)."""
+        s = self._s
+        s.check_writable()
+        served = self.served
+        if served is not None and request_seq is None and estimated_tokens is None:
+            request_seq, estimated_tokens = served[0], served[1]
+            if provider is None and model is None:
+                provider, model = served[2]
+        elif served is not None and estimated_tokens is None and request_seq == served[0]:
+            estimated_tokens = served[1]
+        data = usage_data(usage, provider=provider, model=model, request_seq=request_seq,
+                          estimated_tokens=estimated_tokens, source=source, id=id,
+                          input_includes_cache=input_includes_cache)
+        if data["id"] is not None and (data["provider"], data["id"]) in self._ids:
+            return None
+        self._fold(data)
+        self._write(data)
+        return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        """Off the request path: an inline writer keeps the record for its next write (or close) as it does the
+        compaction audit records; a group-committing writer (fsync batch, PostgreSQL) queues it for its next
+        group, which runs in the background."""
+        writer = self._writer
+        if writer.inline:
+            writer.defer(ev.USAGE_REPORTED, data)
+            return
+        from ..model import codec
+
+        fut = writer.enqueue(ev.USAGE_REPORTED, data, codec.dumps(data))
+        fut.add_done_callback(self._written)
+
+    def _written(self, fut: asyncio.Future[int]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            logger.warning("session %s: a usage report was not recorded: %s", self._s.session_id, fut.exception())
+
+    def fitted_budget(self, budget: int, provider: Any) -> int:
+        """The budget the request view is fitted to: ``budget`` (the provider's tokens) turned into the store's
+        tokens by the calibration of the provider in use; ``budget`` itself with ``calibrate: false``."""
+        if not self.enabled:
+            return budget
+        name, model = provider_identity(provider)
+        fitted, key = self.calibration.fit_for(name, model)
+        target = fitted.budget(budget)
+        held = self._budgets.get((budget, key))
+        if held is not None and held <= target <= held * (1 + RAISE_STEP):
+            target = held  # (a small rise: keep the cached view)
+        self._budgets[(budget, key)] = target
+        self.last_fit = (fitted, budget, target)
+        return target
+
+    def serve(self, head_seq: int, tokens: int, provider: Any) -> None:
+        """Note the request view just served: the next report answers it."""
+        name, model = provider_identity(provider)
+        key = (name, model) if provider is not None else (self.calibration.last_key or (None, None))
+        self.served = (head_seq, tokens, key)
+
+    def stats(self, tokenizer: str, exact: bool) -> dict[str, Any]:
+        """Where the numbers come from (``stats()['sources']``), the calibration in use and the last report."""
+        counted = f"{'exact' if exact else 'estimated'} ({tokenizer})"
+        budget: int | None = None
+        target: int | None = None
+        if self.last_fit is not None:
+            fitted, budget, target = self.last_fit
+        else:
+            fitted, _ = self.calibration.fit_for(None, None)
+        cal: dict[str, Any] = {"enabled": self.enabled, "slope": round(fitted.slope, 4), "overhead": fitted.overhead,
+                               "reports": fitted.reports, "calibrated": fitted.calibrated,
+                               "prior": fitted.prior.slope, "prior_source": fitted.prior.source,
+                               "provider_budget": budget, "budget": target}
+        return {
+            "sources": {
+                "tokens": counted,
+                "budget": fitted.describe() if self.enabled else f"{counted}; calibration off",
+                "last_usage": "reported by the provider" if self.last_report is not None else None,
+            },
+            "calibration": cal,
+            "last_usage": None if self.last_report is None else dict(self.last_report),
+        }

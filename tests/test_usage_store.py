@@ -1,0 +1,174 @@
+"""record_usage on a store: what is written and when, idempotence, resume, forks, kills, bad input, PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_persistent import PersistentContextManager, ReadOnlyError, read_usage
+from context_persistent.model.codec import decode
+from tests.pgfixtures import pg_config, pg_dsn, pg_schema  # noqa: F401
+
+CHILD = Path(__file__).with_name("usage_child.py")
+CLAUDE = {"input_tokens": 1200, "output_tokens": 30, "cache_read_tokens": 300, "cache_write_tokens": 100,
+          "cost_usd": 0.02}
+
+
+def _kinds(storage: Path, session: str) -> list[str]:
+    return [decode(x)["type"] for x in (storage / session / "events.jsonl").read_bytes().splitlines()]
+
+
+async def test_the_report_rides_with_the_next_append(tmp_path: Path) -> None:
+    """record_usage writes nothing by itself (file log, fsync always): the record goes out with the next event,
+    answers the request view served last and carries the store's own count of it."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    await store.add_message({"role": "user", "content": "hello there"})
+    view = await store.get_messages_for_request(token_budget=10_000)
+    data = await store.record_usage(CLAUDE, provider="anthropic", model="claude-x")
+    assert data is not None and _kinds(tmp_path, "s")[-1] == "message_added"
+    assert data["request_seq"] == store.head_seq and data["estimated_tokens"] == sum(
+        store._counter.count_message(m) for m in view)
+    await store.add_message({"role": "assistant", "content": "hi"})
+    assert _kinds(tmp_path, "s")[-2:] == ["usage_reported", "message_added"]
+    await store.close()
+
+
+async def test_same_id_is_recorded_once_also_after_a_resume(tmp_path: Path) -> None:
+    """A report recorded again with the same id (a host re-sending after a restart) is written once."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    assert await store.record_usage(CLAUDE, provider="anthropic", id="msg_1") is not None
+    assert await store.record_usage(CLAUDE, provider="anthropic", id="msg_1") is None
+    await store.close()
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    assert await store.record_usage(CLAUDE, provider="anthropic", id="msg_1") is None
+    assert await store.record_usage(CLAUDE, provider="anthropic", id="msg_2") is not None
+    await store.close()
+    assert _kinds(tmp_path, "s").count("usage_reported") == 2
+    assert (await read_usage(tmp_path))["total"]["reports"] == 2
+
+
+async def test_bad_reports_are_refused_with_what_is_allowed(tmp_path: Path) -> None:
+    """Negative or fractional tokens, a negative cost, an unknown source or no token field: a clear error, and
+    nothing is recorded; a read-only store refuses to record."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    for usage, kw, words in (({"input_tokens": -1}, {}, "non-negative integer"),
+                             ({"input_tokens": 1.5}, {}, "non-negative integer"),
+                             ({"input_tokens": 1, "cost_usd": -2}, {}, "cost_usd"),
+                             ({"input_tokens": 1}, {"source": "nope"}, "source must be one of"),
+                             ({"foo": 1}, {}, "reports no tokens")):
+        with pytest.raises(ValueError, match=words):
+            await store.record_usage(usage, **kw)
+    with pytest.raises(TypeError, match="mapping or an object"):
+        await store.record_usage(42)
+    await store.add_message({"role": "user", "content": "x"})
+    await store.close()
+    assert "usage_reported" not in _kinds(tmp_path, "s")
+    ro = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", readonly=True)
+    with pytest.raises(ReadOnlyError):
+        await ro.record_usage({"input_tokens": 1})
+    await ro.close()
+
+
+async def test_calibrate_must_be_a_bool(tmp_path: Path) -> None:
+    """calibrate takes true or false; anything else is refused naming the key."""
+    with pytest.raises(ValueError, match="calibrate must be true or false"):
+        await PersistentContextManager.open(storage_path=tmp_path, session_id="s", calibrate="yes")
+
+
+async def test_the_budget_follows_the_provider_count(tmp_path: Path) -> None:
+    """A provider counting 1.5x the store plus 2,000 fixed tokens: once calibrated, every view is fitted so
+    that the provider's count of it stays inside the budget, and the view uses most of it; with calibrate off
+    the same history overflows the provider's count."""
+    budget = 6_000
+
+    async def run(calibrate: bool) -> list[int]:
+        store = await PersistentContextManager.open(storage_path=tmp_path, session_id=f"c{calibrate}",
+                                                    calibrate=calibrate)
+        real = []
+        for i in range(60):
+            await store.add_message({"role": "user", "content": f"turn {i} " + "word " * 120})
+            view = await store.get_messages_for_request(token_budget=budget)
+            counted = sum(store._counter.count_message(m) for m in view)
+            real.append(int(1.5 * counted) + 2_000)
+            await store.record_usage({"input_tokens": real[-1], "output_tokens": 5}, provider="acme", model="m1")
+            await store.add_message({"role": "assistant", "content": "ok"})
+        await store.close()
+        return real
+
+    calibrated = await run(True)
+    assert max(calibrated[3:]) <= budget  # (the first requests are small; the fit follows from the reports)
+    assert max(calibrated) >= 0.8 * budget
+    assert max(await run(False)) > budget
+
+
+async def test_a_fork_starts_its_own_ledger(tmp_path: Path) -> None:
+    """A fork copies the history, not the usage records: summed across the storage each report counts once."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="parent")
+    await store.add_message({"role": "user", "content": "q"})
+    await store.record_usage(CLAUDE, provider="anthropic", model="claude-x")
+    await store.add_message({"role": "assistant", "content": "a"})
+    await store.fork("child")
+    await store.close()
+    child = await PersistentContextManager.open(storage_path=tmp_path, session_id="child")
+    await child.record_usage({"input_tokens": 7, "output_tokens": 1}, provider="anthropic", model="claude-x")
+    await child.close()
+    result = await read_usage(tmp_path)
+    assert {r["session"]: r["input_tokens"] for r in result["rows"]} == {"parent": 1200, "child": 7}
+    assert result["total"]["reports"] == 2
+
+
+@pytest.mark.slow
+def test_killed_writers_never_double_count(tmp_path: Path) -> None:
+    """A writer SIGKILLed mid-session, then resumed (re-recording the turns it had not acknowledged, with the
+    same report ids), three times: every acknowledged report is in the ledger, each id exactly once."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    start, acked = 0, []
+    for round_ in range(3):
+        proc = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path), "s", str(start)],
+                                stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"OPEN")
+        seen = 0
+        while seen < 15 + 7 * round_:
+            line = proc.stdout.readline()
+            assert line.startswith(b"ACK"), line
+            acked.append(int(line.split()[1]))
+            seen += 1
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        start = acked[-1] - 2  # (a host that re-sends the last turns: their ids are recorded already)
+    records = [decode(x) for x in (tmp_path / "s" / "events.jsonl").read_bytes().splitlines()]
+    ids = [r["data"]["id"] for r in records if r["type"] == "usage_reported"]
+    assert len(ids) == len(set(ids))
+    assert set(f"r{i}" for i in acked) <= set(ids)
+    total = asyncio.run(read_usage(tmp_path))["total"]
+    assert total["reports"] == len(ids)
+    assert total["input_tokens"] == sum(1000 + int(i[1:]) for i in ids)
+    assert total["cost_usd"] == pytest.approx(0.5 * len(ids))
+
+
+async def test_postgres_records_resumes_and_reads_the_ledger(tmp_path: Path, pg_config: dict[str, Any]) -> None:
+    """On PostgreSQL the reports go out with the group commit, are read back at open (the calibration is
+    rebuilt) and summed by read_usage."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="pg-usage", **pg_config)
+    for i in range(4):
+        await store.add_message({"role": "user", "content": f"q{i} " + "w " * 50 * (i + 1)})
+        await store.get_messages_for_request(token_budget=100_000)
+        await store.record_usage({"input_tokens": 500 * (i + 1) + 900, "output_tokens": 3}, provider="anthropic",
+                                 model="claude-pg", id=f"pg{i}")
+    await asyncio.sleep(0.05)  # (the group commit runs in the background)
+    await store.close()
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="pg-usage", **pg_config)
+    assert store.stats()["events"]["usage_reported"] == 4
+    assert await store.record_usage({"input_tokens": 1}, provider="anthropic", id="pg3") is None
+    assert store._usage.calibration.counts == {("anthropic", "claude-pg"): 4}
+    await store.close()
+    result = await read_usage(tmp_path, "pg-usage", by="model", **pg_config)
+    assert result["rows"][0]["model"] == "claude-pg" and result["total"]["input_tokens"] == 500 * 10 + 3600
