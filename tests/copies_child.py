@@ -39,7 +39,7 @@ async def _open(storage: str) -> PersistentContextManager:
 
 
 async def main(storage: str, op: str, args: list[str]) -> None:
-    from context_persistent.transfer import snapshot
+    from context_persistent.transfer import atomic_files, new_session
 
     pause = args[-1:] == ["pause"]
     if op == "append":
@@ -60,19 +60,19 @@ async def main(storage: str, op: str, args: list[str]) -> None:
             if pause:  # killed with the temp file written and not yet renamed
                 await asyncio.to_thread(_pause)
 
-        await snapshot.write_atomic(path, chunks())
+        await atomic_files.write_atomic(path, chunks())
         await store.close()
     elif op == "fork":
         store = await _open(storage)
         if pause:  # killed with the new session's temp folder written, before its rename
-            real = snapshot.fsync_dir
+            real = new_session.fsync_dir
 
             def fsync_then_pause(path: Any) -> None:
                 real(path)
-                if Path(path).name.startswith(snapshot.TMP_PREFIX):
+                if Path(path).name.startswith(new_session.TMP_PREFIX):
                     _pause()
 
-            snapshot.fsync_dir = fsync_then_pause  # type: ignore[assignment]
+            new_session.fsync_dir = fsync_then_pause  # type: ignore[assignment]
         await store.fork(args[0])
         await store.close()
     elif op == "expire":

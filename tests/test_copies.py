@@ -91,7 +91,7 @@ def test_the_search_finds_the_token_in_every_encoding() -> None:
 async def test_every_file_the_store_writes_is_a_known_place(tmp_path: Path) -> None:
     """Every name in a session folder after rolls, compression, checkpoints, repair, exports and erasure, and
     the temp names exports, forks and imports use, is in the registry."""
-    from context_persistent.transfer import snapshot
+    from context_persistent.transfer import atomic_files, new_session
 
     store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", segment_bytes=4096,
                                                 compress_sealed=True, checkpoint_every=5)
@@ -108,8 +108,8 @@ async def test_every_file_the_store_writes_is_a_known_place(tmp_path: Path) -> N
         assert copies.place_of(name) is not None, name
     export_tmp = f".compaction-0000000001.jsonl.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     assert copies.place_of(export_tmp) is not None  # (write_atomic's pattern: "."+name+".tmp-<pid>-<8 hex>")
-    assert snapshot._TMP_FILE_RE.pattern == copies.EXPORT_TMP.pattern
-    assert snapshot._TMP_RE.pattern == copies.SESSION_TMP.pattern and snapshot.TMP_PREFIX == ".tmp-"
+    assert atomic_files._TMP_FILE_RE.pattern == copies.EXPORT_TMP.pattern
+    assert new_session._TMP_RE.pattern == copies.SESSION_TMP.pattern and new_session.TMP_PREFIX == ".tmp-"
     assert copies.SESSION_TMP.fullmatch(f".tmp-fork-1-{os.getpid()}-{os.urandom(4).hex()}")
 
 

@@ -6,8 +6,8 @@ store writes is one entry here, and a test (tests/test_copies.py) fails until it
 encodings it holds the bytes (raw, escaped inside a JSON string, base64, zstd) and what erase does with it;
 places erase cannot reach are listed too (``covered=False``) and the receipt names them (``not_covered``).
 
-The temp-file names of exports, forks and imports are written by transfer/snapshot.py; the patterns here
-match them (a test writes them with that module and checks that every one is known).
+The temp-file names of exports, forks and imports are written by transfer/atomic_files.py and
+transfer/new_session.py; the patterns here match them (a test checks that they are the same).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ _LOG = re.escape(LOG_NAME)
 _CP = re.escape(CHECKPOINT_NAME)
 _BASE = re.escape(CHECKPOINT_BASE_NAME)
 _MANIFEST = re.escape(MANIFEST_NAME)
-#: A temp file of an export written beside its target (transfer/snapshot.py ``write_atomic``).
+#: A temp file of an export written beside its target (transfer/atomic_files.py ``write_atomic``).
 EXPORT_TMP = _p(r"\..+\.tmp-([0-9]+)-[0-9a-f]{8}")
-#: The temp folder of a fork or an import, in the storage root (transfer/snapshot.py ``create_session``).
+#: The temp folder of a fork or an import, in the storage root (transfer/new_session.py ``create_session``).
 SESSION_TMP = _p(r"\.tmp-(.+)-([0-9]+)-[0-9a-f]{8}")
 
 PLACES: tuple[Place, ...] = (
@@ -89,6 +89,9 @@ PLACES: tuple[Place, ...] = (
     Place("fork or import temp folder", "storage", SESSION_TMP, (RAW,), "deleted when stale",
           "left by a killed fork or import (its process gone, its lock free); one still being written is "
           "another session's creation: erase it there once it exists"),
+    Place("search index", "storage", _p(r"\.search"), (RAW,), "documents removed, index rebuilt",
+          "the session's documents are removed and the index purged before the log changes, then indexed again "
+          "from the new log (operations/search/erasing.py; docs/search.md, \"Erasure\")"),
     Place("expired segment in the trash", "trash", _p(r"segment-[0-9]{6,}\.jsonl(\.zst)?"), (RAW, ZSTD),
           "tombstones"),
     Place("trash entry being purged", "trash", _p(re.escape(PURGING) + r".+"), (RAW, ZSTD), "purge finished",
