@@ -41,6 +41,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "pip install 'context-persistent[agent-framework]'"
     ) from e
 
+from ..errors import ConcurrencyError
 from ..model.events import ROLES
 from ..store.manager import PersistentContextManager
 from ..storage.paths import MAX_SESSION_ID, make_private_dirs, validate_session_id
@@ -52,6 +53,8 @@ _KEY = "agent_framework"
 _TAG = "$cp"  # marks a value the log cannot hold (non-finite float, integer beyond 64 bits) or a dict using this key
 _ENCODED_PREFIX = "af="
 _ROLE_SET = frozenset(ROLES)
+#: Runs of the strategy ``compact_storage`` makes when the history keeps changing under it, before it gives up.
+COMPACT_ATTEMPTS = 3
 
 
 # -- values JSON cannot hold ------------------------------------------------------------------------------------
@@ -255,6 +258,11 @@ class PersistentHistoryProvider(HistoryProvider):
         The strategy sees every stored message (excluded ones too) with group annotations, as
         ``CompactionProvider`` gives it the in-memory history; if it reports a change, the annotated list
         (exclusions, summaries it inserted) replaces the history. Returns whether it changed anything.
+
+        The replacement is a compare-and-replace: if a turn was saved, or a message erased or redacted, while the
+        strategy ran, its result is dropped and it runs again on the history as it is now (so a saved turn is
+        never dropped and an erased message never written back). After ``COMPACT_ATTEMPTS`` runs overtaken
+        so, ConcurrencyError (nothing replaced).
         """
         strategy = strategy if strategy is not None else self.compaction_strategy
         if strategy is None:
@@ -263,16 +271,24 @@ class PersistentHistoryProvider(HistoryProvider):
         store = await self.store(session_id, create=False)
         if store is None:
             return False
-        messages = [decode_message(m) for m in await store.get_messages()]
-        if not messages:
-            return False
-        annotate_message_groups(messages)
-        if tokenizer is not None:
-            annotate_token_counts(messages, tokenizer=tokenizer)
-        if not await strategy(messages):
-            return False
-        await self.replace_messages(session_id, messages)
-        return True
+        for _ in range(COMPACT_ATTEMPTS):
+            stored = await store.get_messages()
+            version = store.history_version  # (read in the same step as the history: nothing ran in between)
+            messages = [decode_message(m) for m in stored]
+            if not messages:
+                return False
+            annotate_message_groups(messages)
+            if tokenizer is not None:
+                annotate_token_counts(messages, tokenizer=tokenizer)
+            if not await strategy(messages):
+                return False
+            try:
+                await store.replace_messages([encode_message(m) for m in messages], if_version=version)
+                return True
+            except ConcurrencyError:
+                continue  # the history changed while the strategy ran: compact it as it is now
+        raise ConcurrencyError(f"session {store.session_id!r}: the history changed while the compaction strategy "
+                               f"ran, {COMPACT_ATTEMPTS} times; nothing was replaced (try again later)")
 
     async def _record_usage(self, context: Any) -> None:
         """Usage never fails a run: a report the store refuses is one warning line."""
@@ -293,4 +309,7 @@ class PersistentHistoryProvider(HistoryProvider):
         await super().after_run(agent=agent, session=session, context=context, state=state)
         await self._record_usage(context)
         if self.compaction_strategy is not None:
-            await self.compact_storage(context.session_id)
+            try:
+                await self.compact_storage(context.session_id)
+            except ConcurrencyError as e:  # every message is stored; the next run compacts again
+                logging.getLogger("context_persistent").warning("agent-framework compaction skipped: %s", e)

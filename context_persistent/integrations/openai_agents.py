@@ -212,13 +212,11 @@ class PersistentSession:
         await self._call(write)
 
     async def pop_item(self) -> Any | None:
-        """Remove the newest item from the session (a ``redacted`` event) and return it; None if empty."""
+        """Remove the newest item from the session (a ``redacted`` event) and return it; None if empty.
+        Concurrent calls each remove and return a different item."""
         async def pop(store: PersistentContextManager) -> Any | None:
-            newest = await store.get_messages(last=1)
-            if not newest:
-                return None
-            await store.redact(message_index=-1)
-            return item_from_message(newest[0])
+            newest = await store.pop_message()
+            return None if newest is None else item_from_message(newest)
 
         return await self._call(pop)
 

@@ -3,11 +3,13 @@ messages (pin, unpin, redact). Each is one event; the log keeps every earlier re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..errors import ConcurrencyError
 from ..model import codec
 from ..model import events as ev
 from .appends import Appends
@@ -37,6 +39,8 @@ class HistoryEdits:
         self._writer = writer
         self._appends = appends
         self._store = store
+        #: Held by ``pop`` from its read to its redaction: concurrent pops each take a different message.
+        self._popping = asyncio.Lock()
 
     async def set_messages(self, messages: list[dict[str, Any]], reason: str | None) -> None:
         s = self._s
@@ -85,18 +89,47 @@ class HistoryEdits:
             await self._ignore(count, payload, kind, "neither a filtered transcript, a repair of the history "
                                "nor an explicit replacement (pass reason=...); the store's own log is kept")
 
-    async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
-        self._s.check_writable()
+    async def replace_messages(self, messages: list[dict[str, Any]], if_version: Any = None) -> None:
+        s = self._s
+        s.check_writable()
         parts = ev.validate_messages(messages)
         if len(parts) >= MAX_BATCH:
             raise ValueError(f"replace_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
+        if if_version is not None and not (isinstance(if_version, tuple) and len(if_version) == 2):
+            raise ValueError(f"if_version must be a value of history_version, got {if_version!r}")
         self._appends.end_replay()
         parts, secrets = self._redact_all(messages, parts)
-        await self._replace(_array(parts), None, secrets)
+        if if_version is None:
+            await self._replace(_array(parts), None, secrets)
+            return
+        # Compare and replace with no append or erase in between: both wait while the log is held (an append
+        # queued meanwhile is written after the replacement, so it stays in the history).
+        async with s.rewriting, self._writer.exclusive():
+            s.check_writable()
+            if s.version != tuple(if_version):
+                raise ConcurrencyError(f"session {s.session_id!r}: the history changed since it was read (version "
+                                       f"{tuple(if_version)}, now {s.version}: an append or an erase); nothing "
+                                       "was replaced")
+            data, data_json = self._replaced(_array(parts), None, secrets)
+            await self._writer.commit_with_deferred([(ev.MESSAGES_REPLACED, data, data_json)])
+        if secrets:  # (after the log is released: a hook may write)
+            await s.emit(EVENT_SECRET_REDACTED, {"seq": s.state.head_seq, "secrets": secrets})
 
-    async def _replace(self, payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None = None
-                       ) -> None:
-        """One ``messages_replaced`` event: the history becomes ``payload`` (a JSON array of messages)."""
+    async def pop(self) -> dict[str, Any] | None:
+        """Redact the newest message and return it (None if the history is empty); one pop at a time, so each
+        reads the history its predecessor left."""
+        async with self._popping:
+            self._s.check_writable()
+            newest = ev.copy_json(self._s.state.messages[-1:])
+            if not newest:
+                return None
+            await self.mark(ev.REDACTED, -1, None)
+            return newest[0]
+
+    @staticmethod
+    def _replaced(payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None
+                  ) -> tuple[dict[str, Any], bytes]:
+        """The data of a ``messages_replaced`` event, and its JSON (the messages' as they are)."""
         data: dict[str, Any] = {"messages": orjson.loads(payload)}
         extra = b""
         if reason is not None:
@@ -105,7 +138,13 @@ class HistoryEdits:
         if secrets:  # what kinds the scanner removed, never the secrets (docs/operations.md, "Secrets")
             data["secrets"] = secrets
             extra += b',"secrets":%s' % codec.dumps(secrets)
-        seq = await self._writer.commit(ev.MESSAGES_REPLACED, data, b'{"messages":%s%s}' % (payload, extra))
+        return data, b'{"messages":%s%s}' % (payload, extra)
+
+    async def _replace(self, payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None = None
+                       ) -> None:
+        """One ``messages_replaced`` event: the history becomes ``payload`` (a JSON array of messages)."""
+        data, data_json = self._replaced(payload, reason, secrets)
+        seq = await self._writer.commit(ev.MESSAGES_REPLACED, data, data_json)
         if secrets:
             await self._s.emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": secrets})
 

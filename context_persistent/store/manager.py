@@ -23,18 +23,8 @@ from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
-if TYPE_CHECKING:
-    from .appends import Appends
-    from .edits import HistoryEdits
-    from .erase import Eraser
-    from .ledger import TokenLedger
-    from .lifecycle import Lifecycle
+if TYPE_CHECKING:  # (the parts are imported where the store is built: they load with the first store)
     from ..model.projection import Projection
-    from .request_views import RequestViews
-    from .session import Session
-    from .system_prompt import SystemPrompt
-    from .usage import UsageMeter
-    from .writer import Writer
 
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
@@ -171,6 +161,12 @@ class PersistentContextManager:
         return self._s.state.head_seq
 
     @property
+    def history_version(self) -> Any:
+        """A value that changes whenever the history may have (an event applied, an erase); compare it with
+        ``==`` only. ``replace_messages(..., if_version=...)`` replaces only while it is unchanged."""
+        return self._s.version
+
+    @property
     def closed(self) -> bool:
         """True once ``close()`` was called."""
         return self._s.closed
@@ -242,19 +238,21 @@ class PersistentContextManager:
         """
         await self._edits.set_messages(messages, reason)
 
-    async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
+    async def replace_messages(self, messages: list[dict[str, Any]], *, if_version: Any = None) -> None:
         """Replace the history with ``messages`` as one ``messages_replaced`` event, whatever was loaded.
 
         Unlike ``set_messages`` this is not subject to the resume rule: it is the explicit "the history is now
         this list" of a framework adapter (a storage compaction, a ``load_state``). The log keeps every earlier
-        event, so the history before the replacement stays readable with ``at(seq)``.
+        event, so the history before the replacement stays readable with ``at(seq)``. ``if_version`` (a
+        ``history_version`` read with the history the list was made from): replace only if nothing was
+        appended or erased since, else raise ConcurrencyError (a compare-and-replace: read again, retry).
 
         Raises ValueError if a message is invalid or there are too many for one event (nothing is stored);
-        StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
-        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL
-        when the server fails.
+        ConcurrencyError as said; StoreClosedError after ``close()``; ReadOnlyError on a store opened
+        ``readonly=True``; LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError
+        on PostgreSQL when the server fails.
         """
-        await self._edits.replace_messages(messages)
+        await self._edits.replace_messages(messages, if_version)
 
     async def clear(self) -> None:
         """Empty the history (an event: it stays empty after a restart; the log keeps every earlier record).
@@ -294,6 +292,13 @@ class PersistentContextManager:
         refuses the write (nothing was recorded); DatabaseError on PostgreSQL when the server fails.
         """
         await self._edits.mark(ev.REDACTED, message_index, seq)
+
+    async def pop_message(self) -> dict[str, Any] | None:
+        """Remove the newest message of the history (a ``redacted`` event: the log keeps it) and return it.
+
+        Returns it, or None if the history is empty; concurrent calls each take a different message. Raises as
+        ``redact`` does."""
+        return await self._edits.pop()
 
     async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
                     reason: str = "", vacuum: bool | str = False) -> dict[str, Any]:

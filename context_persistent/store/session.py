@@ -95,6 +95,12 @@ class Session:
 
             self.indexer = BackgroundIndexer.for_storage(storage_path)
 
+    @property
+    def version(self) -> tuple[int, int]:
+        """Changes whenever the history may have: an event applied (the head seq) or an erase (which rewrites
+        records in place and appends none)."""
+        return self.state.head_seq, self.rewrites
+
     def check_open(self) -> None:
         if self.closed:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
