@@ -4,7 +4,9 @@
 - ``connection``: the driver, connecting, error translation, advisory-lock keys and channels;
 - ``schema``: the tables, the layout version, creating them;
 - ``log``: the event log (``PostgresEventLog``: append, read, follow, the writer lock and its takeover)
-  and the checkpoint rows (``PostgresCheckpointStore``);
+  and the checkpoint rows (``PostgresCheckpointStore``); ``settle``: an append whose connection was lost,
+  found stored or refused; ``pages``, ``retention``, ``vacuum`` (the history read back by key, the ledger and
+  trash tables, VACUUM after an erasure);
 - ``admin``: the ``db`` commands and what ``ls``/``stats`` ask of a database.
 
 Every name is importable from ``context_persistent.storage.pg`` itself. See docs/postgres.md.

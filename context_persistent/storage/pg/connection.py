@@ -16,6 +16,10 @@ from typing import Any
 from ...errors import DatabaseError
 from .dsn import _endpoint, redact_dsn, scrub
 
+#: Seconds spent reconnecting after a lost connection before giving up (and, for an append whose reply was
+#: lost, learning whether it was stored: pg/settle.py).
+RECONNECT_WINDOW = 5.0
+
 INSTALL_HINT = "pip install asyncpg (the 'postgres' extra of context-persistent; README, \"Install\")"
 
 #: Server-side TCP keepalive for the writer's connection: a writer whose machine vanishes (no FIN/RST) is

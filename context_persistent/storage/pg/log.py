@@ -35,15 +35,14 @@ from ...errors import (
 from ..checkpoint.payload import _TRAILER, Checkpoint, CheckpointError, _head
 from ..checkpoint.store import check_front, check_state
 from ..paths import validate_session_id
-from .connection import (_lost_errors, channel_of, close_quietly, connect, lock_key, reconnect, require_asyncpg,
-                         translated)
+from .connection import (RECONNECT_WINDOW, _lost_errors, channel_of, close_quietly, connect, lock_key, reconnect,
+                         require_asyncpg, translated)
 from .dsn import redact_dsn, resolve_dsn, resolve_schema
 from .schema import _check_version, _schema_version, ensure_schema
+from .settle import live_writer_conn, settle
 
 #: Seconds an append or a read may take before it is abandoned (and, for an append, reconciled).
 DEFAULT_TIMEOUT = 30.0
-#: Seconds spent reconnecting after a lost connection before giving up.
-RECONNECT_WINDOW = 5.0
 
 logger = logging.getLogger("context_persistent.storage.pg")
 
@@ -321,7 +320,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                 raise ValueError(f"record {seq - first_seq} does not start with the envelope of seq {seq}")
         apg = require_asyncpg()
         async with self._io:
-            conn = await self._live_conn()
+            conn = await live_writer_conn(self)  # (reconnected as often as it is lost before the statement)
             if first_seq != self.last_seq + 1:
                 raise ConcurrencyError(f"{self.path}: expected to append seq {self.last_seq + 1}, got {first_seq}")
             last = seqs[-1]
@@ -329,7 +328,7 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                 row = await conn.fetchrow(self._q(self._APPEND), self.session_id, first_seq - 1, last, seqs,
                                           list(lines), self._channel, str(last), timeout=self.timeout)
             except _lost_errors(apg) as e:
-                await self._reconcile(lines, first_seq, e)
+                await settle(self, lines, first_seq, e)  # stored (returns) or refused; unknown only if unreachable
                 return
             except apg.UniqueViolationError as e:
                 raise ConcurrencyError(f"{self.path}: seq {first_seq}..{last} is already stored") from e
@@ -349,44 +348,6 @@ SELECT (SELECT count(*) FROM stored) AS n, pg_notify($6, $7) FROM moved"""
                                        f"{head}: another writer appended; nothing was stored")
             self.last_seq = last
             self.last_crc = codec.crc_of(bytes(lines[-1]))
-
-    async def _reconcile(self, lines: Sequence[bytes], first_seq: int, cause: BaseException) -> None:
-        """After a failed append: return if it committed after all, else raise DatabaseError saying so."""
-        what = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
-        old = self._conn
-        if old is not None and not old.is_closed() and not isinstance(cause, asyncio.TimeoutError):
-            old.terminate()  # the connection is in an unknown state: start clean (re-locking below)
-        if old is not None and old.is_closed():
-            self._conn = None
-        reader = None
-        failures: tuple[type[BaseException], ...] = (DatabaseError, *_lost_errors(require_asyncpg()))
-        try:
-            try:
-                conn = await self._live_conn()
-            except SessionLockedError:
-                conn = reader = await connect(self.dsn)
-            rows = await conn.fetch(
-                self._q("SELECT seq, record FROM {s}.events WHERE session_id = $1 AND seq >= $2 AND seq < $3 "
-                        "ORDER BY seq"), self.session_id, first_seq, first_seq + len(lines), timeout=self.timeout)
-        except failures as e:
-            self._conn = None
-            self._broken = DatabaseError(
-                f"{self.path}: the connection was lost during an append and the server could not be reached "
-                f"to learn whether it was stored; reopen the session to see ({e})", stored=None)
-            raise DatabaseError(
-                f"{self.path}: the connection was lost during an append ({what}) and whether the records were "
-                f"stored is unknown; reopen the session once the server is reachable", stored=None) from cause
-        finally:
-            if reader is not None:
-                await reader.close()
-        if [bytes(r["record"]) for r in rows] == [bytes(x) for x in lines]:
-            self.last_seq = max(self.last_seq, first_seq + len(lines) - 1)
-            self.last_crc = codec.crc_of(bytes(lines[-1]))
-            return  # it committed before the connection failed: the records are durable
-        lost = f"; another writer now holds the session ({self._broken})" if self._broken is not None else \
-            "; the log reconnected and remains writable"
-        raise DatabaseError(f"{self.path}: the connection was lost during an append ({what}); "
-                            f"nothing was stored{lost}", stored=False) from cause
 
     # -- erasure (erasure.py) -------------------------------------------------------------------------
     async def replace_records(self, lines: dict[int, bytes]) -> bool:
