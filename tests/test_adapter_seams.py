@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_framework import Message, SlidingWindowStrategy
+from agent_framework import AgentResponse, AgentSession, Message, SessionContext, SlidingWindowStrategy
 from pgfixtures import pg_config, pg_dsn, pg_schema, sid  # noqa: F401
 
 from context_persistent import ConcurrencyError, PersistentContextManager
@@ -122,6 +122,31 @@ async def test_a_history_that_never_settles_is_refused_with_nothing_replaced(tmp
         assert store is not None
         assert not any(m.additional_properties.get("_excluded") for m in await provider.get_messages("s"))
         assert len(await texts(store)) == 6 + 2 * (n[0] - 10)
+
+
+async def test_a_compaction_after_a_run_that_never_settles_is_skipped_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``compaction_strategy=`` overtaken on every attempt does not fail the run: the run's messages are stored,
+    nothing is replaced, and a warning says the compaction was skipped."""
+    provider = PersistentHistoryProvider(tmp_path)
+    n = [10]
+
+    async def save() -> None:
+        n[0] += 1
+        await provider.save_messages("s", turn(n[0]))
+
+    provider.compaction_strategy = SlowStrategy(save, runs=99)
+    async with provider:
+        for i in range(3):
+            await provider.save_messages("s", turn(i))
+        ctx = SessionContext(session_id="s", input_messages=turn(3)[:1])
+        ctx._response = AgentResponse(messages=turn(3)[1:])
+        with caplog.at_level("WARNING", logger="context_persistent"):
+            await provider.after_run(agent=None, session=AgentSession(session_id="s"), context=ctx, state={})
+        assert provider.compaction_strategy.calls == 3, provider.compaction_strategy.calls
+        assert "compaction skipped" in caplog.text
+        assert [m.text for m in await provider.get_messages("s")][:8] == [t.text for i in range(4) for t in turn(i)]
+        assert not any(m.additional_properties.get("_excluded") for m in await provider.get_messages("s"))
 
 
 async def test_replace_messages_if_version_refuses_a_stale_replacement(tmp_path: Path) -> None:

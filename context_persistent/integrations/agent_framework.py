@@ -267,10 +267,17 @@ class PersistentHistoryProvider(HistoryProvider):
         strategy = strategy if strategy is not None else self.compaction_strategy
         if strategy is None:
             raise ValueError("no compaction strategy: pass one or set compaction_strategy")
-        tokenizer = tokenizer if tokenizer is not None else self.compaction_tokenizer
         store = await self.store(session_id, create=False)
         if store is None:
             return False
+        done = await self._compact(store, strategy, tokenizer if tokenizer is not None else self.compaction_tokenizer)
+        if done is None:
+            raise ConcurrencyError(f"session {store.session_id!r}: the history changed while the compaction "
+                                   f"strategy ran, {COMPACT_ATTEMPTS} times; nothing was replaced (try again later)")
+        return done
+
+    async def _compact(self, store: PersistentContextManager, strategy: Any, tokenizer: Any) -> bool | None:
+        """compact_storage's attempts: whether the history changed, or None if every attempt was overtaken."""
         for _ in range(COMPACT_ATTEMPTS):
             stored = await store.get_messages()
             version = store.history_version  # (read in the same step as the history: nothing ran in between)
@@ -286,9 +293,10 @@ class PersistentHistoryProvider(HistoryProvider):
                 await store.replace_messages([encode_message(m) for m in messages], if_version=version)
                 return True
             except ConcurrencyError:
+                if store.history_version == version:
+                    raise  # (not this compare-and-replace's refusal)
                 continue  # the history changed while the strategy ran: compact it as it is now
-        raise ConcurrencyError(f"session {store.session_id!r}: the history changed while the compaction strategy "
-                               f"ran, {COMPACT_ATTEMPTS} times; nothing was replaced (try again later)")
+        return None
 
     async def _record_usage(self, context: Any) -> None:
         """Usage never fails a run: a report the store refuses is one warning line."""
@@ -308,8 +316,10 @@ class PersistentHistoryProvider(HistoryProvider):
         ``response_id``), then compact the stored history if ``compaction_strategy`` is set."""
         await super().after_run(agent=agent, session=session, context=context, state=state)
         await self._record_usage(context)
-        if self.compaction_strategy is not None:
-            try:
-                await self.compact_storage(context.session_id)
-            except ConcurrencyError as e:  # every message is stored; the next run compacts again
-                logging.getLogger("context_persistent").warning("agent-framework compaction skipped: %s", e)
+        store = await self.store(context.session_id, create=False) if self.compaction_strategy is not None else None
+        if store is not None and await self._compact(store, self.compaction_strategy,
+                                                     self.compaction_tokenizer) is None:
+            # every message of the run is stored; the next run compacts again
+            logging.getLogger("context_persistent").warning(
+                "session %s: agent-framework compaction skipped: the history changed during each of %d runs of "
+                "the strategy", store.session_id, COMPACT_ATTEMPTS)
