@@ -101,14 +101,23 @@ class RequestViews:
 
     def _cached(self, budget: int) -> RequestView | None:
         """The cached view when the history did not change, or the cached view extended by the messages
-        appended since (None: rebuild)."""
+        appended since (None: rebuild). A lower budget keeps the cached view while it fits under the lower
+        budget's threshold (a calibrated budget falls a little with many reports: docs/tokens.md); a higher one
+        rebuilds, so the view gets the room."""
         s = self._s
         state = s.state
         cached = self.cache
-        if cached is None or cached[1] != budget:
+        if cached is None or cached[1] < budget:
             return None
         if cached[0] == state.version:
-            return cached[3].view if cached[3] is not None else cached[4]
+            view = cached[3].view if cached[3] is not None else cached[4]
+            if cached[1] != budget:
+                cfg = s.compaction
+                if (cfg.auto_compact and view.token_count >= cfg.compact_threshold * budget) \
+                        or view.token_count > budget:
+                    return None
+                self.cache = (cached[0], budget, *cached[2:])
+            return view
         if cached[2] == s.epoch and cached[3] is not None:
             # Only messages were appended since: extend the view unless it now needs compacting.
             # Only the tail (from the anchor's user turn) is read: count just that, not the history.
