@@ -140,19 +140,22 @@ class Calibration:
     reports at open (the newest ``WINDOW`` per key are all the fit reads, so a suffix of the log gives the
     same fit as the whole log when it holds them)."""
 
-    __slots__ = ("points", "counts", "last_key", "_fits")
+    __slots__ = ("points", "counts", "last_key", "version", "_fits")
 
     def __init__(self) -> None:
         self.points: dict[Key, deque[tuple[int, int]]] = {}
         self.counts: dict[Key, int] = {}
         #: The key of the newest report: the model in use when a request does not name one.
         self.last_key: Key | None = None
+        #: Counts the reports folded: a fit (or a budget made from one) is good while this is unchanged.
+        self.version = 0
         #: Fits made since the last report (a request asks for one; the fit reads up to WINDOW^2 pairs).
         self._fits: dict[Key, tuple[Fit, Key]] = {}
 
     def apply(self, data: Mapping[str, Any]) -> None:
         key: Key = (data.get("provider"), data.get("model"))
         self.last_key = key
+        self.version += 1
         self._fits.clear()
         reported = request_tokens(data)
         estimated = data.get("estimated_tokens")
