@@ -1,17 +1,18 @@
-"""One turn through the real Amplifier CLI on a long session: what our store adds, against a floor.
+"""One turn through the real Amplifier CLI on a long session: ours against context-simple, side by side.
 
-The CLI (amplifier-app-cli, foundation, loop-basic, core 2.0.2 from the host archives, see
-tests/realhost.py) is installed into its own environment under the scratch folder. For each size (1k, 10k,
-100k messages of 300 B) a session is started with ``amplifier run``, its history is grown to the size (our
-log through the package's API, the CLI's transcript.jsonl alike), then ``amplifier run --resume <id>
-"<prompt>"`` is timed, each round a new process. The context module is wrapped by ``context-timed``
-(tests/amplifier_host/modules), which adds up the seconds spent inside the module: mount (our store opens
-and loads its log there), every method the CLI and the orchestrator call, and cleanup.
+The CLI (amplifier-app-cli, foundation, loop-basic, core 2.0.2 from the host archives, see tests/realhost.py)
+and context-simple, the in-memory context module foundation's bundles mount by default (its archive is in
+the same folder), are installed into their own environment under the scratch folder. For each size (1k, 10k,
+100k messages of 40 B and of 300 B) a session of each module is started with ``amplifier run``, its history
+grown to the size (our log through the package's API; the CLI's transcript.jsonl alike, which is what
+context-simple resumes from), then ``amplifier run --resume <id> "<prompt>"`` is timed, each round a new
+process, the rounds alternating between the two modules so both share the machine's noise. The context module
+is wrapped by ``context-timed`` (tests/amplifier_host/modules), which adds up the seconds spent inside the
+module: mount (our store opens there), every method the CLI and the orchestrator call, and cleanup.
 
-The floor is ``context-memory``: a list in memory with the same five methods and the system prompt
-factory, no file, no counting, no compaction. Its process time is what the CLI costs by itself (it reads
-the whole transcript on resume and rewrites it after the turn); the reference module context-simple is not
-on the package index nor in the archives, so it cannot be installed here and is not measured.
+Without compaction (the scripted provider reports a context window larger than the history, and both modules
+take their budget from it) for every size; with compaction (the provider's 200k window: both compact) at 10k
+messages of 300 B, where context-simple's compaction is what costs.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from .workloads import sized_messages
 GROUP = "amplifier-cli"
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (1_000, 10_000, 100_000)
-MODULES = {"ours": "context-persistent", "floor": "context-memory"}
+BYTES = (40, 300)
+MODULES = {"ours": "context-persistent", "simple": "context-simple"}
+#: The provider's context window for turns without compaction: larger than any history measured.
+NO_COMPACTION_WINDOW = 1_000_000_000
 
 
-def _bundle(cli: Any, module: str) -> str:
+def _bundle(cli: Any, module: str, window: int) -> str:
     inner = f"      inner_config:\n        storage_path: {cli.storage}\n        fsync: always\n" \
         if module == "context-persistent" else ""
     host = cli.host
@@ -42,6 +46,7 @@ def _bundle(cli: Any, module: str) -> str:
         f"  context:\n    module: context-timed\n    source: {host.modules / 'context-timed'}\n"
         f"    config:\n      inner: {module}\n{inner}"
         f"providers:\n  - module: provider-scripted\n    source: {host.modules / 'provider-scripted'}\n"
+        f"    config:\n      context_window: {window}\n"
         f"hooks:\n  - module: hooks-session-dir\n    source: {host.modules / 'hooks-session-dir'}\n"
         f"tools:\n  - module: tool-echo\n    source: {host.modules / 'tool-echo'}\n"
         "---\nYou are the benchmark agent.\n"
@@ -58,13 +63,17 @@ async def _grow_log(storage: Path, session_id: str, messages: list[dict[str, Any
         await store.close()
 
 
-def _session(ctx: Ctx, host: Any, realhost: Any, module: str, n: int) -> tuple[Any, str]:
-    """A CLI session of ``module`` whose history has ``n`` messages after the first turn."""
-    cli = realhost.Cli(host, ctx.tempdir(f"{module}-{n}"))
-    cli.bundle.write_text(_bundle(cli, module))
+def _session(ctx: Ctx, host: Any, realhost: Any, module: str, n: int, size: int, window: int) -> tuple[Any, str]:
+    """A CLI session of ``module`` whose history has ``n`` messages of ``size`` bytes after the first turn."""
+    cli = realhost.Cli(host, ctx.tempdir(f"{module}-{n}-{size}-{window}"))
+    cli.bundle.write_text(_bundle(cli, module, window))
+    (cli.home / ".amplifier" / "settings.yaml").write_text(
+        "config:\n  providers:\n"
+        f"    - module: provider-scripted\n      source: {host.modules / 'provider-scripted'}\n"
+        f"      config:\n        context_window: {window}\n")
     cli.env["CP_BENCH_TIMING"] = str(cli.root / "timing.jsonl")
     sid = realhost.session_id_of(cli.run("run", "-B", cli.bundle_uri, "start").stdout)
-    history = sized_messages(n, 300)
+    history = sized_messages(n, size)
     if module == "context-persistent":
         asyncio.run(_grow_log(cli.storage, sid, history))
     transcript = cli.sessions_dir() / sid / "transcript.jsonl"
@@ -89,34 +98,43 @@ def _turn(cli: Any, sid: str, prompt: str) -> tuple[float, dict[str, list[float]
     return wall, mine[0]["totals"]
 
 
+def _scenarios(ctx: Ctx) -> list[tuple[int, int, int, str]]:
+    """(messages, bytes each, provider window, label) of the run."""
+    out = [(n, b, NO_COMPACTION_WINDOW, f"{n:,} x {b} B, no compaction")
+           for n in SIZES if n <= ctx.size("cli_max_messages") for b in BYTES]
+    if ctx.size("cli_compaction"):
+        out.append((10_000, 300, 200_000, "10,000 x 300 B, both compact"))
+    return out
+
+
 def run(ctx: Ctx) -> list[Row]:
-    ctx.defaults(quick={"cli_max_messages": 10_000, "cli_rounds": 2},
-                 full={"cli_max_messages": 100_000, "cli_rounds": 3})
+    ctx.defaults(quick={"cli_max_messages": 10_000, "cli_rounds": 2, "cli_compaction": 1},
+                 full={"cli_max_messages": 100_000, "cli_rounds": 3, "cli_compaction": 1})
     sys.path.insert(0, str(ROOT / "tests"))
     import realhost
 
     try:
-        realhost.find_archives(realhost.host_dir())
+        realhost.find_archives(realhost.host_dir(), realhost.ARCHIVES + ("amplifier-module-context-simple",))
     except realhost.HostUnavailable as e:
         raise Skip(str(e)) from None
-    ctx.log("installing the Amplifier CLI into its own environment")
+    ctx.log("installing the Amplifier CLI and context-simple into their own environment")
     assert ctx.scratch is not None
-    host = realhost.build_host(ctx.tempdir("amplifier-host"))
+    host = realhost.build_host(ctx.tempdir("amplifier-host"), more_archives=("amplifier-module-context-simple",))
     rows: list[Row] = [info(GROUP, "installing the CLI and the package (pip, cached wheels)",
                             host.install_seconds, "s")]
     rounds = ctx.size("cli_rounds")
-    for n in [s for s in SIZES if s <= ctx.size("cli_max_messages")]:
+    for n, size, window, label in _scenarios(ctx):
         walls: dict[str, list[float]] = {k: [] for k in MODULES}
         inside: dict[str, list[float]] = {k: [] for k in MODULES}
         methods: dict[str, list[float]] = {}
         calls: dict[str, int] = {}
         sessions = {}
         for key, module in MODULES.items():
-            ctx.log(f"{module}: a session of {n:,} messages")
-            sessions[key] = _session(ctx, host, realhost, module, n)
+            ctx.log(f"{module}: a session of {label}")
+            sessions[key] = _session(ctx, host, realhost, module, n, size, window)
         for r in range(rounds):
             for key in MODULES:  # alternate, so both share the machine's noise
-                ctx.log(f"{n:,} messages, round {r + 1}/{rounds}: {MODULES[key]}")
+                ctx.log(f"{label}, round {r + 1}/{rounds}: {MODULES[key]}")
                 cli, sid = sessions[key]
                 wall, totals = _turn(cli, sid, f"turn {r}")
                 walls[key].append(wall)
@@ -125,14 +143,15 @@ def run(ctx: Ctx) -> list[Row]:
                     for name, (count, t) in totals.items():
                         methods.setdefault(name, []).append(t * 1000)
                         calls[name] = int(count)
-        rows.append(compare(GROUP, f"{n:,} msgs: one resumed turn, whole CLI process", walls["ours"],
-                            walls["floor"], unit="s", ref_name="same CLI, in-memory list context"))
-        rows.append(compare(GROUP, f"{n:,} msgs: time inside the context module", inside["ours"],
-                            inside["floor"], unit="s", ref_name="in-memory list context",
-                            note="mount (open + load) + every method call + cleanup"))
-        rows.append(info(GROUP, f"{n:,} msgs: our share of the turn (inside / whole process)",
-                         median([i / w for i, w in zip(inside["ours"], walls["ours"])]) * 100, "%"))
+        rows.append(compare(GROUP, f"{label}: one resumed turn, whole CLI process", walls["ours"],
+                            walls["simple"], unit="s", ref_name="same CLI, context-simple",
+                            target="<= 1.1" if window == NO_COMPACTION_WINDOW else "<= 0.1"))
+        rows.append(info(GROUP, f"{label}: time inside the module, ours", median(inside["ours"]) * 1000, "ms",
+                         samples=[t * 1000 for t in inside["ours"]],
+                         note="mount (open + load) + every method call + cleanup"))
+        rows.append(info(GROUP, f"{label}: time inside the module, context-simple",
+                         median(inside["simple"]) * 1000, "ms", samples=[t * 1000 for t in inside["simple"]]))
         for name in sorted(methods, key=lambda k: -median(methods[k])):
-            rows.append(info(GROUP, f"{n:,} msgs: ours, {name} ({calls[name]} calls)", median(methods[name]),
+            rows.append(info(GROUP, f"{label}: ours, {name} ({calls[name]} calls)", median(methods[name]),
                              "ms", samples=methods[name]))
     return rows

@@ -54,12 +54,13 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def find_archives(folder: Path) -> dict[str, Path]:
-    """The three source archives in ``folder``; HostUnavailable (with the reason) if any is missing."""
+def find_archives(folder: Path, names: tuple[str, ...] = ARCHIVES) -> dict[str, Path]:
+    """The source archives ``names`` (the three of the CLI by default) in ``folder``; HostUnavailable (with
+    the reason) if any is missing."""
     if not folder.is_dir():
         raise HostUnavailable(f"no Amplifier host archives at {folder} (set {HOST_ENV} to their folder)")
     found: dict[str, Path] = {}
-    for name in ARCHIVES:
+    for name in names:
         matches = sorted(folder.glob(f"{name}-*.tar.gz"))
         if len(matches) != 1:
             raise HostUnavailable(f"expected one {name}-<commit>.tar.gz in {folder}, found {len(matches)}")
@@ -95,7 +96,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None =
 
 
 def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ...] = (),
-               wheels: Path | None = None) -> Host:
+               wheels: Path | None = None, more_archives: tuple[str, ...] = ()) -> Host:
     """Install the real CLI and this package into ``base/venv`` (about 15 s on 2 cores).
 
     ``install_package=False`` leaves this package out (a mount plan's ``source:`` must then install it);
@@ -103,9 +104,10 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     Everything is first built or fetched as wheels into ``base/wheels`` (the archives built once), then
     installed from there alone, without compiling bytecode (``Cli`` runs write it for what they import);
     ``wheels`` names the folder of an earlier host to install from instead (only this host's ``extra`` and
-    package are then fetched or built).
+    package are then fetched or built). ``more_archives`` names more archives of the host folder to install
+    (e.g. ``amplifier-module-context-simple``, for the benchmark).
     """
-    archives = find_archives(host_dir())
+    archives = find_archives(host_dir(), ARCHIVES + more_archives)
     started = time.monotonic()
     src = base / "src"
     src.mkdir(parents=True)
@@ -145,6 +147,7 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
         _run([*pip, "wheel", "--quiet", "--cache-dir", str(wheels.parent / "pip-cache"), "--wheel-dir", str(wheels),
               *fetch], env, 600, cwd=base)
     _run([*pip, "install", "--quiet", "--no-index", "--no-compile", "--find-links", str(wheels), CORE, *ARCHIVES,
+          *more_archives,
           *(["context-persistent"] if install_package else []), *extra], env, 600, cwd=base)
     modules = base / "modules"
     shutil.copytree(MODULES, modules, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

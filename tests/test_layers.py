@@ -41,7 +41,7 @@ def test_an_import_up_a_layer_breaks_the_contract(tmp_path: Path) -> None:
 
 
 PACKAGE = ROOT / "context_persistent"
-LAYERS = ("cli", "integrations", "store", "transfer", "operations", "storage", "model")
+LAYERS = ("cli", "viewer", "integrations", "store", "transfer", "operations", "storage", "model")
 
 
 def _code_lines(source: str, node: "ast.AST") -> int:

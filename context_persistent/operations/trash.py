@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import codec
+from .search import indexer as search_index
 from ..errors import LedgerError, LogCorruptedError, SessionLockedError, SessionTrashedError
 from ..storage.log import FileEventLog, FileLock, data_end
 from ..storage.paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
@@ -382,6 +383,7 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
         _rename(folder, trash_dir(storage) / name)
     finally:
         lock.release()
+    search_index.forget_removed(storage, sid)  # (its messages leave the search index with it)
     return data
 
 

@@ -28,8 +28,12 @@ from .segments import LogReader
 
 REF_INDEX_BITS = 20
 _INDEX_MASK = (1 << REF_INDEX_BITS) - 1
-#: Default bound of the cache of parsed messages: the JSON bytes of the messages it holds.
-CACHE_BYTES = 32 << 20
+#: Default memory budget of the cache of parsed messages: the JSON bytes of the messages it holds, plus
+#: ``MESSAGE_OVERHEAD`` for each message a pass over the history kept. While the whole history fits, it stays
+#: in memory after its first read (a resumed turn reads the log once); beyond it, it is paged.
+CACHE_BYTES = 96 << 20
+#: What a parsed message costs in memory beyond its JSON (a dict and its strings), for the budget.
+MESSAGE_OVERHEAD = 256
 #: The most log bytes one sequential read of :meth:`MessageReader.fetch_many` spans.
 RUN_BYTES = 8 << 20
 
@@ -151,6 +155,19 @@ class PageCache(ABC):
         ``cache_bytes`` would still be in the cache at its end; the others would be put only to be evicted."""
         self._floor = position << REF_INDEX_BITS
 
+    def keep_read(self, ref: int, message: dict[str, Any], size: int) -> None:
+        """Keep ``message`` (``size`` JSON bytes) that a pass over the history read, if the cache has room for
+        it without evicting anything: the whole history stays in memory while it fits ``cache_bytes``, and a
+        pass over a longer one never evicts what the request view reads (docs/architecture.md, "Bounded
+        memory")."""
+        if ref < self._floor or ref in self._cache:
+            return
+        size += MESSAGE_OVERHEAD
+        if self._held + size > self.cache_bytes:
+            return
+        self._cache[ref] = (message, size)
+        self._held += size
+
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
         if ref < self._floor:
@@ -200,8 +217,8 @@ class MessageReader(PageCache):
     def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
         """The messages ``refs`` name, in order: those not in the cache read in runs, each run one sequential
         read of the log from its first record to its last (``RUN_BYTES`` at most): what iterating a history
-        costs is then about a replay's parse, not a read per message. Messages read here are not added to the
-        cache (a pass over the whole history would evict what the request view reads)."""
+        costs is then about a replay's parse, not a read per message. Messages read here are kept while the cache
+        has room for them (:meth:`keep_read`): they never evict what it holds."""
         out, want = self._uncached(refs)
         if want:
             positions = sorted(want)
@@ -230,8 +247,10 @@ class MessageReader(PageCache):
             if ks is None or not line.endswith(b"\n"):
                 continue
             rec = self._record(at, line)
+            share = len(line) // len(ks)
             for k in ks:
-                out[k] = self._message(at, rec, refs[k] & _INDEX_MASK)
+                out[k] = message = self._message(at, rec, refs[k] & _INDEX_MASK)
+                self.keep_read(refs[k], message, share)
             done.add(at)
         for p in positions:
             if p not in done:

@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "page_cache_bytes": CACHE_BYTES,
     "retention": None,
     "calibrate": True,  # fit the request view to the provider's reported counts (docs/tokens.md)
+    "search_index": True,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -71,7 +72,7 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "page_cache_bytes", 0)
     cfg["segment_bytes"] = check_segment_bytes(cfg["segment_bytes"])
     for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail", "compress_sealed",
-                 "roll_on_compaction", "calibrate"):
+                 "roll_on_compaction", "calibrate", "search_index"):
         if not isinstance(cfg[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
     _positive_int(cfg, "export_on_compact_every")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .appends import Appends
 from .edits import HistoryEdits
 from ..storage.log import FileEventLog
-from ..model.projection import MAX_BATCH, split_key
+from ..model.projection import MAX_BATCH, make_key, split_key
 from .session import Session
 from .writer import Writer
 
@@ -65,7 +65,12 @@ class Eraser:
             await asyncio.shield(checkpoints._task)
         s.full()  # nothing may be read from the old checkpoint after it is deleted
         if isinstance(s.log, FileEventLog):
-            receipt = erasure.erase_file(self._store, seq, index, reason)
+            from ..operations.search.erasing import erasing
+
+            # the search index: emptied of the session before the log changes, indexed again after it
+            async with erasing(s.storage_path, s.session_id, make_key(seq, index)) as index_entry:
+                receipt = erasure.erase_file(self._store, seq, index, reason)
+            receipt["index"] = index_entry
         else:
             receipt = await erasure.erase_postgres(self._store, seq, index, reason)
         # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
@@ -92,5 +97,9 @@ class Eraser:
         if receipt.get("session_id") != s.session_id:
             raise ValueError(f"the receipt is for session {receipt.get('session_id')!r}, not {s.session_id!r}")
         if isinstance(s.log, FileEventLog):
-            return erasure.check_receipt(s.log.directory, receipt)
+            from ..operations.search.erasing import check_index
+
+            key = receipt["message"].get("key")
+            return erasure.check_receipt(s.log.directory, receipt) + (
+                check_index(s.storage_path, s.session_id, key) if isinstance(key, int) else [])
         return await erasure.check_receipt_postgres(s.log, receipt)

@@ -9,6 +9,7 @@ stays cheap.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
 from .delegation import _kept, _Limit
-from .opening import Opening
+from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
@@ -134,26 +135,8 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
-        return Opening(cls._open(storage_path=storage_path, session_id=session_id, hooks=hooks, readonly=readonly,
-                                 **config))
-
-    @classmethod
-    async def _open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
-                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
-        from ..operations.retention_on_open import open_store_log
-        from ..storage.paths import validate_session_id
-
-        validate_session_id(session_id)
-        cfg = cls.check_config(config)
-        storage_path = Path(storage_path).expanduser()
-        log = await open_store_log(storage_path, session_id, cfg, readonly=readonly)  # (retention on open first)
-        try:  # (whatever fails after the log is open, its writer lock is released)
-            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-            await store._life.load()
-        except BaseException:
-            await log.close()
-            raise
-        return store
+        return Opening(open_store(cls, storage_path=storage_path, session_id=session_id, hooks=hooks,
+                                  readonly=readonly, **config))
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -335,6 +318,32 @@ class PersistentContextManager:
         PostgreSQL when the server fails (nothing changed).
         """
         return await self._eraser.erase(message_index, seq, index, reason)
+
+    async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
+                     since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
+        """Full-text search of this session (``all_sessions``: of every session of its storage) through the
+        storage's search index, caught up first (docs/search.md).
+
+        ``query`` is in SQLite FTS5's language: words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/``NOT``,
+        ``NEAR(a b, N)``, ``tools:NAME``. ``role`` keeps one role's messages, ``since`` those from a time on (a
+        datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
+        ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
+        replaced) that the log still holds. The file backend only.
+
+        Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
+        brackets, score, whether the views show it), best first.
+
+        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter or on
+        PostgreSQL.
+        """
+        from ..operations.search import search
+
+        self._check_open()
+        if self._s.config["backend"] != "file":
+            raise ValueError("search is available on the file backend only (docs/search.md, 'PostgreSQL')")
+        return await asyncio.to_thread(asyncio.run, search(
+            self._s.storage_path, query, session_id=None if all_sessions else self.session_id, role=role,
+            since=since, limit=limit, all_messages=all_messages))
 
     async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
         """Check an erasure receipt (from ``erase``) against this session as stored now.

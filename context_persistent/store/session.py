@@ -79,6 +79,15 @@ class Session:
         #: (epoch, n, token list, total): the first n counts of that list were complete at that epoch and sum to
         #: total: the whole history's count without reading it (stats(), checkpoints; ledger.TokenLedger).
         self.token_total_hint: tuple[int, int, Any, int] | None = None
+        #: Keeps the storage's search index current after appends (operations/search/background.py); None for
+        #: a reader, with ``search_index: false``, or on PostgreSQL (whose index readers catch up).
+        self.indexer: Any = None
+        #: The ``epoch`` the indexer last saw: a change hands it the history's keys (search/indexer.Snapshot).
+        self.indexed_epoch = -1
+        if config.get("search_index", True) and not log.readonly and type(log).__name__ == "FileEventLog":
+            from ..operations.search.background import BackgroundIndexer
+
+            self.indexer = BackgroundIndexer.for_storage(storage_path)
 
     def check_open(self) -> None:
         if self.closed:

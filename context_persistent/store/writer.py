@@ -163,8 +163,23 @@ class Writer:
         s = self._s
         try:
             s.checkpoints.maybe_write(s.state, s.log, s.tokenizer_name)
+            if s.indexer is not None:
+                self._notify_index()
         except Exception as e:
             logger.warning("session %s: work after an append failed (%s); the records are stored", s.session_id, e)
+
+    def _notify_index(self) -> None:
+        """Hand the search index's thread the session (and, after a change of the history, its keys: a copy of
+        the packed array; not for a history still lazy, whose keys the thread folds from the log instead)."""
+        from ..operations.search.indexer import keys_snapshot
+
+        s = self._s
+        snapshot = None
+        if s.epoch != s.indexed_epoch:
+            s.indexed_epoch = s.epoch
+            if not s.state.is_lazy:
+                snapshot = keys_snapshot(s.state.head_seq, s.state.keys)
+        s.indexer.notify(s.session_id, snapshot)
 
     async def close(self) -> None:
         """Wait for the group commit, then write the deferred audit records (close syncs the log); a failure to

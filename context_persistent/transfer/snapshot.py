@@ -24,7 +24,7 @@ from ..model import codec
 from . import snapshot_codec as sc
 from .atomic_files import Progress, _listed, write_atomic
 from .new_session import PROGRAM, create_session, fork
-from .time_travel import _fingerprint, open_at, replay
+from .time_travel import fingerprint, open_at, replay
 from ..model.views import REASONING_ROLES, text_only
 
 logger = logging.getLogger("context_persistent.transfer.snapshot")
@@ -170,16 +170,16 @@ async def request_sources(store: PersistentContextManager, messages: list[dict[s
         candidates = _listed([(i, state.messages[i]) for i in indices])
     else:
         candidates = _numbered(history_messages(store))
-    wanted = {_fingerprint(m) for m in messages}
+    wanted = {fingerprint(m) for m in messages}
     where: dict[bytes, list[int]] = {}
     async for i, m in candidates:
-        fp = _fingerprint(m)
+        fp = fingerprint(m)
         if fp in wanted:
             where.setdefault(fp, []).append(i)
     out: list[int | None] = []
     last = -1
     for m in messages:
-        found = next((i for i in where.get(_fingerprint(m), ()) if i > last), None)
+        found = next((i for i in where.get(fingerprint(m), ()) if i > last), None)
         if found is not None:
             last = found
         out.append(found)

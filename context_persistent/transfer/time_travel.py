@@ -81,7 +81,8 @@ def _redacted_key(rec: dict[str, Any]) -> int:
     return key
 
 
-def _fingerprint(message: Any) -> bytes:
+def fingerprint(message: Any) -> bytes:
+    """A message's identity by content: what hides every copy of a redacted message."""
     try:
         data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # (an integer beyond 64 bits)
@@ -97,12 +98,12 @@ def _note_redacted(rec: dict[str, Any], redacted: set[int], prints: set[bytes]) 
     seq = rec["seq"]
     for i, m in message_slots(rec):
         if make_key(seq, i) in redacted:
-            prints.add(_fingerprint(m))
+            prints.add(fingerprint(m))
 
 
 def _hide(state: Projection, keys: set[int], prints: set[bytes]) -> None:
     """Take the messages with these keys, or identical to a redacted one, out of ``state``."""
-    gone = [i for i, (k, m) in enumerate(zip(state.keys, state.messages)) if k in keys or _fingerprint(m) in prints]
+    gone = [i for i, (k, m) in enumerate(zip(state.keys, state.messages)) if k in keys or fingerprint(m) in prints]
     for i in reversed(gone):
         state.pinned.discard(state.keys[i])
         del state.messages[i], state.keys[i], state.tokens[i]

@@ -1,8 +1,9 @@
 """The viewer: a local, read-only web app that shows the sessions of a storage folder or a PostgreSQL schema
 (``context-persistent serve``, docs/viewer.md).
 
-A host, like the command line: it may import the store, transfer, storage and model layers, never the
-other way round, and it never writes to the storage nor takes a session's writer lock (every session is
+May import: integrations, store, transfer, operations, storage, model and errors (a host, like the command
+line, which alone sits above it); nothing below imports it. Checked by import-linter (``.importlinter``). It
+never writes to the storage nor takes a session's writer lock (every session is
 opened ``readonly=True``). Its web dependencies (Starlette, uvicorn) are the optional extra ``[viewer]``:
 ``source``, ``timeline``, ``views`` and ``shaping`` import none of them, ``app`` and ``server`` do.
 """

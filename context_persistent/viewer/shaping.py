@@ -9,11 +9,9 @@ puts every value into the document as text (docs/viewer.md, "Hostile content").
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 
 from ..model import events as ev
 from ..model.projection import make_key
@@ -38,15 +36,6 @@ def clip(value: Any, limit: int = STRING_LIMIT, items: int = ITEM_LIMIT) -> Any:
     if t is dict:
         return {str(k)[:limit]: clip(v, limit, items) for k, v in value.items()}
     return value
-
-
-def fingerprint(message: Any) -> bytes:
-    """A message's identity by content (the same rule time travel hides redacted copies by)."""
-    try:
-        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # (an integer beyond 64 bits)
-        data = repr(message).encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 Hidden = Callable[[int, Any], bool]

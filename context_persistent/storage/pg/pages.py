@@ -73,16 +73,18 @@ class PostgresMessageReader(PageCache):
 
     def fetch_many(self, refs: list[int]) -> list[dict[str, Any]]:
         """The messages ``refs`` name, in order: those not in the cache read with one query per
-        ``QUERY_ROWS`` records. Messages read here are not added to the cache (a pass over the whole history
-        would evict what the request view reads)."""
+        ``QUERY_ROWS`` records. Messages read here are kept while the cache has room for them
+        (``keep_read``): they never evict what it holds."""
         out, want = self._uncached(refs)
         seqs = sorted(want)
         for start in range(0, len(seqs), QUERY_ROWS):
             rows = self._rows(seqs[start:start + QUERY_ROWS])
             for seq in seqs[start:start + QUERY_ROWS]:
                 rec = self._record(seq, rows[seq])
+                share = len(rows[seq]) // len(want[seq])
                 for k in want[seq]:
-                    out[k] = self._message(seq, rec, refs[k] & ((1 << REF_INDEX_BITS) - 1))
+                    out[k] = message = self._message(seq, rec, refs[k] & ((1 << REF_INDEX_BITS) - 1))
+                    self.keep_read(refs[k], message, share)
         return out
 
     # -- the private connection ---------------------------------------------------------------------
