@@ -50,7 +50,9 @@ async def test_a_view_is_cached_and_extended_after_an_append(storage: Path, rebu
     assert await views.view(50_000, "explicit") is grown and rebuilds.count == 1  # (still far under 92%)
     await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "assistant", "content": "ok"}})
     assert (await views.view(50_000, "explicit")).messages[-1]["content"] == "ok" and rebuilds.count == 1
-    await views.view(100_000, "explicit")  # a higher budget: built for the room it gives
+    await views.view(100_000, "explicit")  # (the budget it was built for: still the cached view)
+    assert rebuilds.count == 1
+    await views.view(150_000, "explicit")  # a higher budget: built for the room it gives
     assert rebuilds.count == 2
     small = grown.token_count // 2
     assert (await views.view(small, "explicit")).token_count <= small and rebuilds.count == 3

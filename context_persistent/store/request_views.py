@@ -101,9 +101,10 @@ class RequestViews:
 
     def _cached(self, budget: int) -> RequestView | None:
         """The cached view when the history did not change, or the cached view extended by the messages
-        appended since (None: rebuild). A lower budget keeps the cached view while it fits under the lower
-        budget's threshold (a calibrated budget falls a little with many reports: docs/tokens.md); a higher one
-        rebuilds, so the view gets the room."""
+        appended since (None: rebuild). A budget below the one the view was built for keeps it while it fits
+        under that budget's threshold (a calibrated budget falls a little with many reports: docs/tokens.md);
+        a higher one rebuilds, so the view gets the room. The cache keeps the budget it was built for: a view
+        checked against a lower budget fits the higher one too."""
         s = self._s
         state = s.state
         cached = self.cache
@@ -116,7 +117,6 @@ class RequestViews:
                 if (cfg.auto_compact and view.token_count >= cfg.compact_threshold * budget) \
                         or view.token_count > budget:
                     return None
-                self.cache = (cached[0], budget, *cached[2:])
             return view
         if cached[2] == s.epoch and cached[3] is not None:
             # Only messages were appended since: extend the view unless it now needs compacting.
@@ -127,7 +127,7 @@ class RequestViews:
             grown = extend(cached[3], state.messages, tokens_now, budget,  # type: ignore[arg-type]
                            s.compaction, s.counter.count_message, ev.copy_json)
             if grown is not None:
-                self.cache = (state.version, budget, s.epoch, grown[1], grown[0])
+                self.cache = (state.version, cached[1], s.epoch, grown[1], grown[0])
                 return grown[0]
         return None
 
