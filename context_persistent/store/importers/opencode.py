@@ -195,7 +195,6 @@ def parse_database(path: Path) -> list[Parsed]:
     try:
         sessions = _rows(db, name, "SELECT id, parent_id, title, directory, version, revert, time_created "
                                    "FROM session ORDER BY time_created, id")
-        out = []
         return [_parse_session(db, name, *row[:6]) for row in sessions]
     finally:
         db.close()
