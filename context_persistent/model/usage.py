@@ -22,7 +22,7 @@ from typing import Any, Final
 from .events import USAGE_REPORTED
 
 #: Who recorded a report (the ``source`` of a ``usage_reported`` event).
-SOURCES: Final = ("amplifier", "openai-agents", "agent-framework", "autogen", "api")
+SOURCES: Final = ("amplifier", "openai-agents", "agent-framework", "autogen", "pydantic-ai", "api")
 #: The token fields of a report, each an int >= 0 or None (not reported).
 TOKEN_FIELDS: Final = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 #: How each field is spelled by the hosts we know (amplifier_core ``Usage``, OpenAI's chat completions,
