@@ -95,13 +95,23 @@ def check_depth(value: Any, encoded: bytes, limit: int = MAX_DEPTH) -> None:
             stack.extend((x, depth + 1) for x in (v.values() if t is dict else v))
 
 
+#: Types that hold no float: skipped without a call (a record's data is mostly these, and its ``null``s send
+#: every ``dumps`` of it through this walk).
+_NO_FLOAT = frozenset({str, int, bool, type(None)})
+
+
 def _has_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_non_finite(v) for v in value)
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return False
+    for v in items:
+        if type(v) not in _NO_FLOAT and _has_non_finite(v):
+            return True
     return False
 
 
