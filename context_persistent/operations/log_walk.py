@@ -18,7 +18,7 @@ from ..errors import LogCorruptedError
 from ..model import codec
 from ..model.projection import Projection
 from ..storage.log import crash_leaves
-from ..storage.pages import MessageReader
+from ..storage.pages import STREAM_CACHE_BYTES, MessageReader
 from ..storage.segments import LogReader
 from .repair_report import REPAIRED, Gap, Problem
 
@@ -164,8 +164,8 @@ class _Walk:
         self.progress = progress
         # (paged: messages stay refs into this log, read back only to compare, so memory stays bounded; a repair,
         # which replaces the log, holds them instead)
-        self.state = (seed if seed is not None else Projection(MessageReader(path.parent, open_reader=open_reader)
-                                                               if paged else None)) if fold else None
+        pager = MessageReader(path.parent, STREAM_CACHE_BYTES, open_reader=open_reader) if paged else None
+        self.state = (seed if seed is not None else Projection(pager)) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None
