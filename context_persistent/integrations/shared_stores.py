@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures.thread  # noqa: F401  (imported now: at exit it would be too late, see _at_exit)
+import logging
 import random
 import threading
 import time
@@ -31,6 +33,7 @@ from ..errors import SessionLockedError, SessionNotFoundError, StoreClosedError
 from ..store.manager import PersistentContextManager
 
 T = TypeVar("T")
+logger = logging.getLogger("context_persistent")
 
 LockMode = Literal["open", "call"]
 LOCK_MODES: tuple[str, ...] = ("open", "call")
@@ -181,6 +184,8 @@ class SharedStore:
                         pass
                 if self._store is not None:
                     await self._store.close()
+            except Exception:  # (nobody waits for this close but the exit hook: say what failed)
+                logger.exception("openai-agents session %r: closing its store failed", self.session_id)
             finally:
                 asyncio.get_running_loop().stop()
 
@@ -214,7 +219,7 @@ def acquire(storage_path: Path, session_id: str, config: dict[str, Any], lock: L
             entry = _registry[key] = SharedStore(key, dict(config), lock, lock_wait,
                                                  None if previous is None else previous.done)
             if not _exit_hook:
-                atexit.register(close_all)
+                _at_exit(close_all)
                 _exit_hook = True
         entry.refs += 1
         return entry
@@ -237,7 +242,21 @@ def release(entry: SharedStore, wait: bool) -> None:
 def release_later(entry: SharedStore) -> None:
     """:func:`release` from another thread: for a session object's finalizer, which may run inside any code of
     this thread (a garbage collection), even while it holds the registry's lock."""
-    threading.Thread(target=release, args=(entry, False), name="context-persistent release").start()
+    try:
+        threading.Thread(target=release, args=(entry, False), name="context-persistent release").start()
+    except RuntimeError:  # (the interpreter is shutting down: close_all closes the store)
+        pass
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at interpreter exit while threads can still be used: before ``concurrent.futures`` refuses new
+    work (which ``asyncio.to_thread`` in a store's close needs), as ``threading._register_atexit`` hooks run
+    first; plain ``atexit`` where that hook is missing."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(fn)
+    else:
+        register(fn)
 
 
 def close_all() -> None:
