@@ -174,7 +174,11 @@ class SharedStore:
             if after is None or after.is_set():
                 self._finished()
             else:
-                threading.Thread(target=lambda: (after.wait(), self._finished()), daemon=True).start()
+                def finish_after() -> None:
+                    after.wait()
+                    self._finished()
+
+                threading.Thread(target=finish_after, daemon=True).start()
             return
 
         async def final() -> None:
