@@ -106,7 +106,7 @@ async def test_a_message_only_in_the_trash_is_erased_there(storage: Path) -> Non
     assert target not in before
     manifest = (storage / SID / "segments.json").read_bytes()
     receipt = await store.erase(seq=5, reason="gdpr")
-    assert receipt["records"] == [] and receipt["message"]["sha256"].startswith("sha256:")
+    assert receipt["records"] == [] and receipt["message"]["hmac"].startswith("hmac-sha256:")
     assert receipt["log"]["rewritten"] == [] and (storage / SID / "segments.json").read_bytes() == manifest
     assert [(t["entry"], [r["seq"] for r in t["records"]]) for t in receipt["trash"]] == [(f"{SID}~1", [5])]
     assert _holders(storage, needle) == [] and await store.get_messages() == before
@@ -119,7 +119,7 @@ async def test_a_message_only_in_the_trash_is_erased_there(storage: Path) -> Non
     assert listed["present"]
     await trash.purge(storage, [f"{SID}~1"], force=True)
     store = await PersistentContextManager.open(storage_path=storage, session_id=SID)
-    with pytest.raises(ValueError, match="nor any trash entry holds it .purged.: nothing stored holds its bytes"):
+    with pytest.raises(ValueError, match="nor any trash entry holds it .purged.: no record holds its bytes"):
         await store.erase(seq=6)
     await store.close()
 

@@ -21,6 +21,7 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 
 from context_persistent import SessionLockedError  # noqa: E402
 from context_persistent.errors import LogCorruptedError  # noqa: E402
+from context_persistent.operations.search.sqlite_index import SqliteIndex  # noqa: E402
 from context_persistent.integrations.langgraph import (PersistentCheckpointSaver, session_id_for,  # noqa: E402
                                                        thread_id_of)
 from context_persistent.model import events as ev  # noqa: E402
@@ -107,15 +108,23 @@ async def test_a_thread_has_one_writer_and_files_are_owner_only(tmp_path: Path) 
 
 
 async def test_delete_thread_removes_its_folder_and_leaves_others(tmp_path: Path) -> None:
-    """delete_thread: the thread's session folder is gone (nothing left on disk), other threads stay."""
+    """delete_thread: the thread's session folder is gone and its text is out of the storage's search index
+    (nothing left on disk), other threads stay."""
     async with PersistentCheckpointSaver(tmp_path) as saver:
         app = _graph(saver)
         for tid in ("a", "b"):
             await app.ainvoke({"messages": [HumanMessage(tid)]}, {"configurable": {"thread_id": tid}})
         await saver.adelete_thread("a")
         assert await saver.aget_tuple({"configurable": {"thread_id": "a"}}) is None
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".search", "b"]
         assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None, limit=1)] == ["b"]
+    index = SqliteIndex(tmp_path)  # (each thread's text is indexed when its store closes: after the saver's)
+    try:
+        assert [r["session_id"] for r in index.sessions()] == [session_id_for("b")]
+        assert index.db.execute("SELECT count(*) FROM docs WHERE session_id = ?",
+                                (session_id_for("a"),)).fetchone() == (0,)
+    finally:
+        index.close()
 
 
 async def test_a_damaged_graph_record_is_refused_naming_its_seq(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ async def views_over(storage: Path, turns: int, **config: Any) -> tuple[Any, Any
 
 
 async def test_a_view_is_cached_and_extended_after_an_append(storage: Path, rebuilds: Any) -> None:
-    """The second request at the same budget builds nothing; one appended message extends the view."""
+    """The second request at the same budget builds nothing; one appended message extends the view; a lower
+    budget the view still fits under keeps it, a higher one or one it no longer fits under builds anew."""
     session, writer, views, _ = await views_over(storage, 3)
     first = await views.view(100_000, "explicit")
     assert first.messages == session.state.messages and not first.compacted and rebuilds.count == 1
@@ -46,8 +47,15 @@ async def test_a_view_is_cached_and_extended_after_an_append(storage: Path, rebu
     await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "user", "content": "one more"}})
     grown = await views.view(100_000, "explicit")
     assert grown.messages[-1] == {"role": "user", "content": "one more"} and rebuilds.count == 1
-    await views.view(50_000, "explicit")  # another budget: its own build
+    assert await views.view(50_000, "explicit") is grown and rebuilds.count == 1  # (still far under 92%)
+    await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "assistant", "content": "ok"}})
+    assert (await views.view(50_000, "explicit")).messages[-1]["content"] == "ok" and rebuilds.count == 1
+    await views.view(100_000, "explicit")  # (the budget it was built for: still the cached view)
+    assert rebuilds.count == 1
+    await views.view(150_000, "explicit")  # a higher budget: built for the room it gives
     assert rebuilds.count == 2
+    small = grown.token_count // 2
+    assert (await views.view(small, "explicit")).token_count <= small and rebuilds.count == 3
     await session.log.close()
 
 

@@ -21,12 +21,15 @@ from pydantic_ai import Agent, RunContext  # noqa: E402
 from pydantic_ai.messages import (BinaryContent, ModelMessage, ModelMessagesTypeAdapter, ModelRequest,  # noqa: E402
                                   ModelResponse, SystemPromptPart, TextPart, ThinkingPart,
                                   ToolCallPart, ToolReturnPart, UserPromptPart)
+from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.models.test import TestModel  # noqa: E402
 from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 from conftest import PYTHON, ROOT  # noqa: E402
 from context_persistent import PersistentContextManager  # noqa: E402
 from context_persistent.integrations.pydantic_ai import PersistentMessageHistory  # noqa: E402
+from context_persistent.storage.log import scan  # noqa: E402
+from context_persistent.store.usage_read import read_usage  # noqa: E402
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
 
@@ -179,3 +182,61 @@ def test_agent_killed_mid_run_resumes_with_its_whole_history(tmp_path: Path, sub
     assert set(acked()) <= set(range(1, turns + 1)) and len(history) == 4 * turns
     # Every turn whole and in order, and its model call was shown every earlier turn: nothing was lost.
     assert answers == [f"answer {k}: fact-{k} (saw {k} user turns)" for k in range(1, turns + 1)]
+
+
+def _usage_records(storage: Path, sid: str) -> list[tuple[int, dict[str, Any]]]:
+    return [(rec["seq"], rec["data"]) for rec, *_ in scan(storage / sid / "events.jsonl")
+            if rec["type"] == "usage_reported"]
+
+
+async def test_each_response_usage_is_recorded_once(tmp_path: Path) -> None:
+    """A real run's responses: each one's RequestUsage (input with its cache reads, output, reasoning, cost),
+    model, provider and response id recorded as a pydantic-ai usage report answering the message before it;
+    appending the same response again, even after a reopen, records nothing more."""
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        n = len(messages)
+        return ModelResponse(parts=[TextPart(f"reply {n}")], provider_name="anthropic", provider_response_id=f"msg_{n}",
+                             usage=RequestUsage(input_tokens=1000 + n, output_tokens=20, cache_read_tokens=800,
+                                                output_reasoning_tokens=5))
+
+    agent = Agent(FunctionModel(model))
+    async with PersistentMessageHistory(tmp_path, "u") as history:
+        first = await agent.run("one", message_history=await history.load())
+        await history.append(first.new_messages())
+        second = await agent.run("two", message_history=await history.load())
+        await history.append(second.new_messages())
+        await history.append(second.new_messages()[-1:])  # (the same response again)
+    async with PersistentMessageHistory(tmp_path, "u") as history:
+        await history.append(first.new_messages()[-1:])
+    records = _usage_records(tmp_path, "u")
+    assert [d["id"] for _, d in records] == ["msg_1", "msg_3"]
+    data = records[0][1]
+    assert data["source"] == "pydantic-ai" and data["provider"] == "anthropic"
+    assert data["model"] == first.new_messages()[-1].model_name == "function:model:"  # type: ignore[union-attr]
+    assert (data["input_tokens"], data["output_tokens"], data["cache_read_tokens"], data["reasoning_tokens"]) == \
+        (1001, 20, 800, 5)
+    assert data["input_includes_cache"] is True
+    # request_seq: the stored user prompt each response answered (seq 1 is session_started; the first report
+    # went out with the second append, at seq 4, before that append's prompt at 5).
+    seqs = {rec["seq"]: rec for rec, *_ in scan(tmp_path / "u" / "events.jsonl")}
+    assert [seqs[d["request_seq"]]["data"]["message"]["role"] for _, d in records] == ["user", "user"]
+    assert [d["request_seq"] for _, d in records] == [2, 5] and [seq for seq, _ in records] == [4, 7]
+    ledger = await read_usage(tmp_path, "u")
+    assert ledger["total"]["reports"] == 2 and ledger["total"]["input_tokens"] == 1001 + 1003
+
+
+async def test_responses_without_an_id_or_tokens(tmp_path: Path) -> None:
+    """TestModel's responses have no provider id: the report's id is the stored response's digest (recording it
+    again counts once); a response reporting no tokens records nothing; record_usage=False records nothing."""
+    agent = Agent(TestModel(custom_output_text="ok"))
+    result = await agent.run("hi")
+    async with PersistentMessageHistory(tmp_path, "t") as history:
+        await history.append(result.new_messages())
+        await history.append(result.new_messages())
+        await history.append([ModelResponse(parts=[TextPart("typed by hand")])])
+    [(_, data)] = _usage_records(tmp_path, "t")
+    assert data["id"].startswith("sha256:") and data["provider"] == data["model"] == "test"
+    assert data["input_tokens"] == result.new_messages()[-1].usage.input_tokens  # type: ignore[union-attr]
+    async with PersistentMessageHistory(tmp_path, "off", record_usage=False) as history:
+        await history.append(result.new_messages())
+    assert _usage_records(tmp_path, "off") == []

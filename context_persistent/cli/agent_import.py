@@ -1,4 +1,4 @@
-"""``context-persistent import --from claude-code|codex|pi PATH... [--session-id ID]``: other agents' sessions,
+"""``context-persistent import --from claude-code|codex|pi|opencode PATH... [--session-id ID]``: other agents' sessions,
 each file a new session (store/importers). Called by ``import`` (cli/transfer.py) when ``--from`` is given."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .inspect import print_json
 
 #: The agents whose sessions ``--from`` reads (store/importers.FORMATS; named here so that ``--help`` does not
 #: import the store).
-AGENTS = ("claude-code", "codex", "pi")
+AGENTS = ("claude-code", "codex", "pi", "opencode")
 
 
 async def run_import(args: argparse.Namespace) -> int:

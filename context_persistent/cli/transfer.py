@@ -161,15 +161,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 "  context-persistent import ~/.amplifier/projects/P/sessions/S/context-messages.jsonl S\n"
                 "  context-persistent import transcript.jsonl S --source transcript --system @system-prompt.md\n"
                 "  context-persistent import --from claude-code ~/.claude/projects/P/*.jsonl\n"
-                "  context-persistent import --from codex rollout.jsonl.zst --session-id fix-login\n")
+                "  context-persistent import --from codex rollout.jsonl.zst --session-id fix-login\n"
+                "  context-persistent import --from opencode ~/.local/share/opencode/opencode.db\n")
     from .agent_import import AGENTS
 
     p.add_argument("path", metavar="PATH")
     p.add_argument("session", metavar="SESSION", nargs="*",
                    help="id of the new session (must not exist); with --from: more files, one session each")
     p.add_argument("--from", dest="agent", choices=AGENTS, default=None,
-                   help="PATH... are another agent's session files: claude-code, codex (.jsonl or .jsonl.zst) or "
-                        "pi; each becomes a session <agent>:<its id> (docs/importing.md)")
+                   help="PATH... are another agent's session files: claude-code, codex (.jsonl or .jsonl.zst), "
+                        "pi, or opencode (its database: every session in it); each session becomes a session "
+                        "<agent>:<its id> (docs/importing.md)")
     p.add_argument("--session-id", default=None, metavar="ID", help="with --from and one file: the session's id")
     p.add_argument("--source", choices=SOURCES, default="auto",
                    help="what PATH is (default auto: see docs/snapshots.md for the rules)")

@@ -13,7 +13,7 @@ from typing import Any
 from ..store.config import KNOWN_KEYS
 from ..errors import SessionLockedError
 from ..store.manager import PersistentContextManager
-from .amplifier_host import HostContext, SessionInUseError
+from .amplifier_host import HostContext, SessionInUseError, cli_session_folder
 
 logger = logging.getLogger("context_persistent")
 
@@ -117,7 +117,10 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     unregister = None
     assert isinstance(store, HostContext)
     store.reopen_with = dict(config)
+    if ephemeral is None:  # (the CLI's folder of a resumed session exists now; a new one's after its first save)
+        store.host_folder = cli_session_folder(str(session_id))
     try:
+        await store.try_link_host()
         await coordinator.mount("context", store)
         register = getattr(coordinator, "register_contributor", None)
         if callable(register):
@@ -133,6 +136,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         try:
             if callable(unregister):
                 unregister()
+            if not store.closed:
+                await store.try_link_host()
             await store.close()
             # (the orchestrator may still write after this, e.g. its "cancelled" message after Ctrl-C)
             store.closed_by_host = ephemeral is None

@@ -11,11 +11,17 @@ JSON form: parts, timestamps, tool call ids, usage, provider details, binary con
 ``role`` and readable ``content`` for the store's own views and the CLI: a ``ModelRequest`` is a ``user``
 message (its prompts, tool returns and retry prompts as text), a ``ModelResponse`` an ``assistant`` one (its
 text, thinking and tool calls as text).
+
+Each ``ModelResponse`` appended that reports tokens is also recorded in the store's usage ledger
+(``record_usage``, source ``pydantic-ai``: its ``usage``, ``model_name``, ``provider_name``, and
+``provider_response_id`` as the report's id, or the digest of the stored response when it has none, so that
+recording it again counts it once; docs/tokens.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,9 +34,11 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a process 
     raise ImportError("context_persistent.integrations.pydantic_ai needs Pydantic AI: "
                       "pip install 'context-persistent[pydantic-ai]'") from e
 
+from ..model import codec
 from ..store.manager import PersistentContextManager
 from ..storage.paths import validate_session_id
 from ._loop import LoopThread
+from .usage_of import pydantic_ai_report
 
 __all__ = ["KEY", "PersistentMessageHistory", "message_from_model", "model_from_message"]
 
@@ -81,15 +89,16 @@ def model_from_message(stored: dict[str, Any], where: str = "message") -> ModelM
 class PersistentMessageHistory:
     """The message history of one Pydantic AI conversation, in ``<storage_path>/<session_id>/events.jsonl``.
 
-    ``PersistentMessageHistory(storage_path, session_id, *, history_processors=(), **config)``: ``config``
-    takes the store's keys (docs/configuration.md). ``history_processors`` are functions of the message list
-    (sync or async, as Pydantic AI's without a ``RunContext``), applied in order by :meth:`load`; what is stored
-    is never changed by them. The store opens on the first call; close with ``close()``/``aclose()`` or
-    ``async with``.
+    ``PersistentMessageHistory(storage_path, session_id, *, history_processors=(), record_usage=True,
+    **config)``: ``config`` takes the store's keys (docs/configuration.md). ``history_processors`` are functions
+    of the message list (sync or async, as Pydantic AI's without a ``RunContext``), applied in order by
+    :meth:`load`; what is stored is never changed by them. ``record_usage``: record each appended response's
+    usage in the store's usage ledger. The store opens on the first call; close with ``close()``/``aclose()``
+    or ``async with``.
     """
 
     def __init__(self, storage_path: str | os.PathLike[str], session_id: str, *,
-                 history_processors: Sequence[Processor] = (), **config: Any) -> None:
+                 history_processors: Sequence[Processor] = (), record_usage: bool = True, **config: Any) -> None:
         validate_session_id(session_id)
         config.setdefault("recognise_replay", False)  # (a history is appended as given, never a replay)
         PersistentContextManager.check_config(dict(config))
@@ -102,6 +111,7 @@ class PersistentMessageHistory:
         self.storage_path = Path(storage_path).expanduser()
         self.session_id = session_id
         self.history_processors = list(history_processors)
+        self.record_usage = bool(record_usage)
         self._config = config
         self._store: PersistentContextManager | None = None
         self._loop = LoopThread(f"context-persistent Pydantic AI history {session_id}")
@@ -118,11 +128,28 @@ class PersistentMessageHistory:
     async def append(self, messages: Sequence[ModelMessage]) -> None:
         """Store ``messages`` (e.g. ``result.new_messages()``) after the history; returns once they are durable.
 
-        A message that is not a ``ModelMessage`` (ValueError) means none of them is stored.
+        A message that is not a ``ModelMessage`` (ValueError) means none of them is stored. Each response's
+        usage is recorded (see the class), answering the request that ended with the message before it; the
+        report is written with the next append or at close, as every usage report (docs/tokens.md).
         """
         stored = [message_from_model(m) for m in messages]
-        if stored:
-            await self._call(lambda store: store.add_messages(stored))
+        if not stored:
+            return
+        reports = [(i, pydantic_ai_report(m)) for i, m in enumerate(messages)
+                   if self.record_usage and isinstance(m, ModelResponse)]
+
+        async def add(store: PersistentContextManager) -> None:
+            await store.add_messages(stored)
+            first = store.head_seq - len(stored) + 1  # (the seq of stored[0]: the batch is one write, the last)
+            for i, report in reports:
+                if report is None:
+                    continue
+                usage, kw = report
+                if kw["id"] is None:  # (a response without a provider id: the digest of what was stored)
+                    kw = {**kw, "id": "sha256:" + hashlib.sha256(codec.dumps(stored[i][KEY])).hexdigest()[:32]}
+                await store.record_usage(usage, request_seq=first + i - 1, source="pydantic-ai", **kw)
+
+        await self._call(add)
 
     async def load(self, *, raw: bool = False) -> list[ModelMessage]:
         """The whole history as ``ModelMessage``s, with the history processors applied (``raw``: without)."""

@@ -8,6 +8,9 @@
   as its ``raw_representation``).
 - AutoGen: ``CreateResult.usage`` (a ``RequestUsage``: ``prompt_tokens``, ``completion_tokens``); an agent's
   messages carry theirs as ``models_usage``.
+- Pydantic AI: each ``ModelResponse`` has its request's ``usage`` (a ``RequestUsage``: ``input_tokens`` with the
+  cached ones inside, for every provider, ``cache_read_tokens``, ``cache_write_tokens``, ``output_tokens``,
+  ``details``, ``cost`` in USD or None), ``model_name``, ``provider_name`` and ``provider_response_id``.
 """
 
 from __future__ import annotations
@@ -72,3 +75,24 @@ def autogen_reports(obj: Any) -> list[Report]:
         raise TypeError(f"expected an AutoGen CreateResult, RequestUsage, Response or TaskResult, got "
                         f"{type(obj).__name__}")
     return [(m.models_usage, {}) for m in messages if getattr(m, "models_usage", None) is not None]
+
+
+def pydantic_ai_report(response: Any) -> Report | None:
+    """The report of a Pydantic AI ``ModelResponse`` (None: it reports no tokens, as a response built by hand)."""
+    u = getattr(response, "usage", None)
+    if u is None or not (getattr(u, "input_tokens", 0) or getattr(u, "output_tokens", 0)):
+        return None
+    details = getattr(u, "details", None) or {}
+    cost = getattr(u, "cost", None)
+    usage = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+             "cache_read_tokens": getattr(u, "cache_read_tokens", None),
+             "cache_write_tokens": getattr(u, "cache_write_tokens", None),
+             "reasoning_tokens": getattr(u, "output_reasoning_tokens", None)
+             or (details.get("reasoning_tokens") if isinstance(details, dict) else None),
+             "cost_usd": cost}
+    name = getattr(response, "model_name", None)
+    provider = getattr(response, "provider_name", None)
+    rid = getattr(response, "provider_response_id", None)
+    return usage, {"model": name if isinstance(name, str) and name else None,
+                   "provider": provider if isinstance(provider, str) and provider else None,
+                   "id": rid if isinstance(rid, str) and rid else None, "input_includes_cache": True}

@@ -100,6 +100,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     if cfg["backend"] != "file" and (cfg["compress_sealed"] or cfg["roll_on_compaction"]):
         raise ValueError(f"compress_sealed and roll_on_compaction apply to the file backend only (its log segments; "
                          f"docs/operations.md, 'Segments'); got backend={cfg['backend']!r}")
+    if cfg["backend"] != "file" and cfg["retention"] is not None and cfg["retention"].follow_host:
+        raise ValueError(f"retention.follow_host applies to the file backend only (it follows the Amplifier CLI's "
+                         f"session folders; docs/amplifier.md); got backend={cfg['backend']!r}")
     if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
         raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
     if cfg["backend"] == "postgres":

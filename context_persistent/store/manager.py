@@ -296,7 +296,7 @@ class PersistentContextManager:
         await self._edits.mark(ev.REDACTED, message_index, seq)
 
     async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
-                    reason: str = "") -> dict[str, Any]:
+                    reason: str = "", vacuum: bool | str = False) -> dict[str, Any]:
         """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
 
         Name the message by ``seq`` (the record that added it; ``index`` is its position in a
@@ -307,17 +307,18 @@ class PersistentContextManager:
         same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
         chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
         exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
-        transaction. Views then behave as if the message were redacted. ``reason`` is stored in the tombstone. See
-        docs/operations.md, "Erasure".
+        transaction; ``vacuum`` (PostgreSQL only): True then runs VACUUM on the tables, ``"full"`` VACUUM FULL
+        (the old row versions stay in the tables until one runs). Views then behave as if the message were redacted. ``reason`` is
+        stored in the tombstone. See docs/operations.md, "Erasure".
 
-        Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
-        had been) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
+        Returns the receipt (a dict: what was erased, the key and keyed digest of the removed bytes, where they
+        had been, what erase does not reach: ``not_covered``) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
         ValueError if the message is not named exactly once or names no message, or ``reason`` is not a
         string; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
         LogWriteError when the disk refuses a write (the log is then unchanged); DatabaseError on
         PostgreSQL when the server fails (nothing changed).
         """
-        return await self._eraser.erase(message_index, seq, index, reason)
+        return await self._eraser.erase(message_index, seq, index, reason, vacuum)
 
     async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
                      since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
@@ -349,7 +350,7 @@ class PersistentContextManager:
         """Check an erasure receipt (from ``erase``) against this session as stored now.
 
         Every file in the session folder (or every row of the session on PostgreSQL) is searched for the
-        erased bytes by their SHA-256 and length, and the log must hold the tombstones the receipt lists.
+        erased bytes by their keyed digest and length, and the log must hold the tombstones the receipt lists.
         Returns the problems found (an empty list: the bytes are nowhere). Raises ValueError if ``receipt``
         is not a receipt, or belongs to another session; StoreClosedError after ``close()``.
         """

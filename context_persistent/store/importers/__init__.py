@@ -1,10 +1,10 @@
-"""Importing other agents' sessions: Claude Code, Codex, pi (one module per format; opencode is not done).
+"""Importing other agents' sessions: Claude Code, Codex, pi, opencode (one module per format).
 
 ``import_agent_sessions(paths, source=FORMAT, storage_path=...)`` reads each file, maps it to the store's chat
 messages (tool calls as ``tool_calls``, each result a ``tool`` message with its ``tool_call_id``), and creates
-one NEW session per file, all or nothing, with the provenance in its ``session_started`` record
-(``imported``: format, file, digest, the agent's own session id, what was not carried over) and each
-message's source line under ``imported.line``. Every file is read and checked before any session is
+one NEW session per file (per session of an opencode database), all or nothing, with the provenance in its
+``session_started`` record (``imported``: format, file, digest, the agent's own session id, what was not carried
+over) and each message's source under ``imported`` (its line; an opencode message's table and row ids). Every file is read and checked before any session is
 written: a damaged line anywhere is a MalformedInputError naming the file and line, and nothing is imported.
 The session id is ``<format>:<agent's session id>`` unless given; importing the same file again finds
 the session it made (same digest) and writes nothing. docs/importing.md has the mapping table.
@@ -14,6 +14,7 @@ May import what ``store`` may; the CLI (``context-persistent import --from``) ca
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -27,12 +28,14 @@ from ...transfer import snapshot_codec as sc
 from ...transfer.atomic_files import read_file
 from ...transfer.new_session import _first_checkpoint, create_session, session_lines
 from ..manager import PersistentContextManager
-from . import claude_code, codex, pi
+from . import claude_code, codex, opencode, pi
 from .common import Parsed, pairing
 
-#: The formats, each a function ``(bytes, file name) -> Parsed``.
+#: The file formats, each a function ``(bytes, file name) -> Parsed`` (one session per file).
 FORMATS: dict[str, Callable[[bytes, str], Parsed]] = {
     claude_code.FORMAT: claude_code.parse, codex.FORMAT: codex.parse, pi.FORMAT: pi.parse}
+#: The database formats, each a function ``(path) -> [Parsed]`` (every session the database holds).
+DATABASES: dict[str, Callable[[Path], list[Parsed]]] = {opencode.FORMAT: opencode.parse_database}
 
 
 def _decompressed(data: bytes, name: str) -> bytes:
@@ -81,7 +84,7 @@ async def import_agent_sessions(paths: Sequence[str | os.PathLike[str]], *, sour
     Raises ValueError for an unknown ``source``, MalformedInputError for a damaged file (nothing imported),
     SessionExistsError when the session id is taken by something not imported from the same bytes.
     """
-    sc.check_choice("source", source, tuple(FORMATS))
+    sc.check_choice("source", source, (*FORMATS, *DATABASES))
     if not paths:
         raise ValueError("give at least one file to import")
     if session_id is not None and len(paths) > 1:
@@ -91,13 +94,18 @@ async def import_agent_sessions(paths: Sequence[str | os.PathLike[str]], *, sour
     plans = []
     for raw in paths:  # (every file is read and checked before anything is written)
         path = Path(raw)
-        data = await read_file(path)
-        parsed = FORMATS[source](_decompressed(data, path.name), str(path))
-        sid = validate_session_id(session_id) if session_id is not None else default_session_id(parsed, path)
-        plans.append((path, data, parsed, sid))
+        for parsed, digest, size in await _read(path, source):
+            sid = validate_session_id(session_id) if session_id is not None else default_session_id(parsed, path)
+            plans.append((path, digest, size, parsed, sid))
+    if session_id is not None and len(plans) != 1:
+        raise ValueError(f"a session id names one session, and {paths[0]} holds {len(plans)}: import it without "
+                         "--session-id (each session gets the id opencode:<its id>)")
+    first: dict[str, str] = {}
+    for _, digest, _, _, sid in plans:  # (the same session twice is fine; two different ones under one id not)
+        if first.setdefault(sid, digest) != digest:
+            raise ValueError(f"two different sessions given would both be session {sid!r}: nothing was imported")
     results = []
-    for path, data, parsed, sid in plans:
-        digest = sc.sha256(data)
+    for path, digest, size, parsed, sid in plans:
         before = await _imported_from(storage, sid, cfg)
         summary = {"session_id": sid, "source": source, "from": str(path), "messages": len(parsed.messages),
                    "agent_session_id": parsed.agent_session_id, "ignored": parsed.ignored,
@@ -110,7 +118,7 @@ async def import_agent_sessions(paths: Sequence[str | os.PathLike[str]], *, sour
                 f"session {sid!r} already exists and was not imported from these bytes of {path} (the agent's "
                 "session may have grown since): nothing was imported; give another id with --session-id")
         provenance = {"source": source, "format": source, "path": str(path.resolve()), "digest": digest,
-                      "bytes": len(data), "agent_session_id": parsed.agent_session_id,
+                      "bytes": size, "agent_session_id": parsed.agent_session_id,
                       "messages": len(parsed.messages), "ignored": parsed.ignored, **pairing(parsed.messages),
                       **({"agent": parsed.meta} if parsed.meta else {})}
         lines = session_lines(sid, {"imported": provenance}, parsed.messages, (), parsed.stamps)
@@ -120,4 +128,15 @@ async def import_agent_sessions(paths: Sequence[str | os.PathLike[str]], *, sour
     return results
 
 
-__all__ = ["FORMATS", "default_session_id", "import_agent_sessions"]
+async def _read(path: Path, source: str) -> list[tuple[Parsed, str, int]]:
+    """(session, digest, file size) of each session in the file: the digest is the file's, or (a database) that
+    of the session's own rows, so that another session growing does not make this one "changed"."""
+    if source in DATABASES:
+        sessions = await asyncio.to_thread(DATABASES[source], path)
+        size = path.stat().st_size
+        return [(p, sc.sha256(p.digest_source or b""), size) for p in sessions]
+    data = await read_file(path)
+    return [(FORMATS[source](_decompressed(data, path.name), str(path)), sc.sha256(data), len(data))]
+
+
+__all__ = ["DATABASES", "FORMATS", "default_session_id", "import_agent_sessions"]

@@ -6,6 +6,13 @@ Claude Code writes one assistant response as several lines (one content block ea
 ``tool_result`` blocks ``tool`` messages with the ``tool_call_id``, ``thinking`` blocks ``reasoning_content``.
 Other lines (``summary``, ``system``, ``file-history-snapshot``, sub-agent ``isSidechain`` lines, ...) are not
 messages of the conversation: they are counted in the session's provenance.
+
+Lines form a tree by ``uuid``/``parentUuid``: editing an earlier prompt or rewinding starts a new branch, and
+the abandoned one stays in the file. The conversation imported is the active branch, as Claude Code resumes
+it: from the last message line back to the root (through a compaction boundary's ``logicalParentUuid``), in
+file order; the other branches' lines are counted as ``other_branch``. A tool result on a line of its own that
+answers a call on the active branch is kept even where Claude Code parented it to a sibling line (parallel tool
+calls). A file whose lines carry no links (every ``parentUuid`` null or absent) is imported in file order.
 """
 
 from __future__ import annotations
@@ -65,16 +72,47 @@ def _assistant(p: Parsed, msg: dict[str, Any], content: Any, line: int, stamp: A
             target.setdefault("blocks", []).append(block)  # (an image, a server tool block: kept as it was)
 
 
+def _active_lines(records: list[tuple[int, dict[str, Any]]]) -> set[int] | None:
+    """The lines of the active branch (None: the file has no tree, use every line)."""
+    messages = [(line, rec) for line, rec in records
+                if rec.get("type") in ("user", "assistant") and not rec.get("isSidechain")]
+    if not messages or not any(isinstance(rec.get("parentUuid"), str) for _, rec in records):
+        return None
+    by_uuid = {rec["uuid"]: (line, rec) for line, rec in records if isinstance(rec.get("uuid"), str)}
+    active: set[int] = set()
+    at: tuple[int, dict[str, Any]] | None = messages[-1]
+    while at is not None and at[0] not in active:
+        line, rec = at
+        active.add(line)
+        parent = rec.get("parentUuid") or rec.get("logicalParentUuid")
+        at = by_uuid.get(parent) if isinstance(parent, str) else None
+    return active
+
+
+def _answers(rec: dict[str, Any], calls: set[str]) -> bool:
+    """Whether a user line holds only tool results, each for one of ``calls``."""
+    content = rec.get("message", {}).get("content") if isinstance(rec.get("message"), dict) else None
+    return (isinstance(content, list) and bool(content)
+            and all(isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") in calls
+                    for b in content))
+
+
 def parse(data: bytes, name: str) -> Parsed:
-    """The conversation of one Claude Code session file."""
+    """The conversation (the active branch) of one Claude Code session file."""
     p = Parsed(FORMAT, name, None)
-    for line, rec in jsonl_records(data, name):
+    records = list(jsonl_records(data, name))
+    active = _active_lines(records)
+    calls: set[str] = set()  # (the tool calls made on the active branch so far)
+    for line, rec in records:
         kind = rec.get("type")
         if kind not in ("user", "assistant"):
             p.ignore(str(kind))
             continue
         if rec.get("isSidechain"):
             p.ignore("sidechain")
+            continue
+        if active is not None and line not in active and not (kind == "user" and _answers(rec, calls)):
+            p.ignore("other_branch")
             continue
         if p.agent_session_id is None and isinstance(rec.get("sessionId"), str):
             p.agent_session_id = rec["sessionId"]
@@ -87,4 +125,6 @@ def parse(data: bytes, name: str) -> Parsed:
             _user(p, content, line, rec.get("timestamp"), where)
         else:
             _assistant(p, msg, content, line, rec.get("timestamp"), where)
+            calls.update(b["id"] for b in content if isinstance(content, list) and isinstance(b, dict)
+                         and b.get("type") == "tool_use" and isinstance(b.get("id"), str))
     return p

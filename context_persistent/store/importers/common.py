@@ -26,6 +26,8 @@ class Parsed:
     #: Records not carried over, by kind ("summary", "turn_context", ...): listed in the session's provenance.
     ignored: dict[str, int] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: What the session's digest is taken of when it is not the whole file (one session of a database: its rows).
+    digest_source: bytes | None = None
 
     def add(self, message: dict[str, Any], line: int, stamp: Any = None) -> None:
         self.messages.append(message)
