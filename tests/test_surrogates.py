@@ -106,6 +106,9 @@ async def test_core_round_trip_through_checkpoint_export_and_resume(storage: Pat
     assert await again.get_messages() == MESSAGES
     await again.set_messages(MESSAGES)  # (a host resuming with the transcript it kept: recognised)
     assert await again.get_messages() == MESSAGES
+    edited = [MESSAGES[0], {"role": "user", "content": NAME + " edited"}] + MESSAGES[1:]
+    await again.set_messages(edited)  # (an edited transcript: classified by the resume rule, no error)
+    assert await again.get_messages() in (MESSAGES, edited)
     await again.set_messages(MESSAGES + [{"role": "user", "content": NAME}], reason="a host's edit")
     await again.fork("f")
     await again.close()
