@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ..model import json_lossless
 from ..errors import LogCorruptedError
 from ..model import codec
 from ..model.projection import Projection
@@ -26,7 +27,7 @@ from .repair_report import REPAIRED, Gap, Problem
 def _content_of(raw: bytes) -> str:
     """What a bad piece seems to hold, read without trusting it: event type and message role and text."""
     try:
-        rec = orjson.loads(raw.strip())
+        rec = json_lossless.loads(raw.strip())
     except orjson.JSONDecodeError:
         kind = re.search(rb'"type.{1,3}?([a-z_]{4,})"', raw)  # (the flipped byte may be in these names too)
         role = re.search(rb'"role.{1,3}?([a-z_]{4,})"', raw)
@@ -41,7 +42,7 @@ def _content_of(raw: bytes) -> str:
     text = f"{rec.get('type')} event"
     if msg is not None:
         content = msg.get("content")
-        body = content if isinstance(content, str) else orjson.dumps(content).decode()
+        body = content if isinstance(content, str) else json_lossless.dumps(content).decode()
         text = f"{msg.get('role')} message {body[:60]!r}" + ("…" if len(body) > 60 else "")
     elif isinstance(data.get("messages"), list):
         text = f"{len(data['messages'])} messages (a replacement)"

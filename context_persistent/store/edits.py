@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from ..model import json_lossless
 from ..model import codec
 from ..model import events as ev
 from .appends import Appends
@@ -67,7 +66,7 @@ class HistoryEdits:
         from ..model.resume import FILTERED, REPAIR, classify
 
         s = self._s
-        offered = orjson.loads(payload)
+        offered = json_lossless.loads(payload)
         history = s.full()
         kind, merged = classify(history.messages, offered)
         if kind == REPAIR:
@@ -121,7 +120,7 @@ class HistoryEdits:
     async def _replace(self, payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None = None
                        ) -> None:
         """One ``messages_replaced`` event: the history becomes ``payload`` (a JSON array of messages)."""
-        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        data: dict[str, Any] = {"messages": json_lossless.loads(payload)}
         extra = b""
         if reason is not None:
             data["reason"] = reason
