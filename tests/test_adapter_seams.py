@@ -192,6 +192,21 @@ async def test_concurrent_pops_each_remove_a_distinct_item(tmp_path: Path, fsync
         assert await again.get_items() == []
 
 
+@pytest.mark.parametrize("lock", ["open", "call"])
+async def test_pops_through_several_objects_on_one_session_each_remove_a_distinct_item(tmp_path: Path,
+                                                                                       lock: str) -> None:
+    """pop_item() called concurrently through several PersistentSession objects on the same session (one per
+    request, as openai-agents' docs make them) removes and returns a different item per call."""
+    async with PersistentSession("s", tmp_path, lock=lock, fsync="batch") as first:
+        await first.add_items(ITEMS)
+        others = [PersistentSession("s", tmp_path, lock=lock, fsync="batch") for _ in range(3)]
+        popped = await asyncio.gather(*(o.pop_item() for o in others), first.pop_item())
+        assert sorted(p["content"] for p in popped) == [f"item {i}" for i in range(4, 8)]
+        assert await first.get_items() == ITEMS[:4]
+        for o in others:
+            await o.aclose()
+
+
 @pytest.mark.postgres
 async def test_concurrent_pops_each_remove_a_distinct_item_on_postgres(tmp_path: Path, sid: str,
                                                                        pg_config: dict[str, Any]) -> None:

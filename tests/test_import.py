@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from context_persistent.operations.search.sqlite_index import INDEX_DIR
+
 from context_persistent import (
     MalformedInputError,
     PersistentContextManager,
@@ -102,7 +104,7 @@ async def test_import_refuses_an_existing_session_and_leaves_it_untouched(storag
     with pytest.raises(SessionExistsError, match="already exists"):
         await import_(TRANSCRIPT, session_id="taken", storage_path=storage)
     assert (storage / "taken" / "events.jsonl").read_bytes() == before
-    assert sorted(p.name for p in storage.iterdir()) == ["taken"]
+    assert sorted(p.name for p in storage.iterdir() if p.name != INDEX_DIR) == ["taken"]  # (and the search index)
 
 
 async def test_import_fills_an_empty_leftover_folder_but_not_one_in_use(storage: Path) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from context_persistent.operations.search.sqlite_index import INDEX_DIR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from agent_framework import (
@@ -109,7 +111,7 @@ async def test_session_ids(tmp_path: Path) -> None:
             await provider.save_messages(sid, [Message(role="user", contents=[f"m{i}"])])
         for i, sid in enumerate([None, *ids]):
             assert [m.text for m in await provider.get_messages(sid)] == [f"m{i}"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["default", *mapped])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != INDEX_DIR) == sorted(["default", *mapped])
     with pytest.raises(ValueError, match="too long"):
         store_session_id("y" * 100 + "/")
     with pytest.raises(ValueError, match="non-empty string"):

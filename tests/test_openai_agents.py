@@ -92,10 +92,11 @@ async def test_on_the_postgres_backend(storage: Path, sid: str, pg_config: dict[
     async with PersistentSession(sid, storage, **pg_config) as again:
         assert await again.get_items() == ITEMS[:-1]
         assert await again.get_items(limit=2) == ITEMS[-3:-1]
-        second = PersistentSession(sid, storage, **pg_config)
-        with pytest.raises(SessionLockedError):
-            await second.get_items()
+        second = PersistentSession(sid, storage, **pg_config)  # (the same process: the same store)
+        assert await second.get_items() == ITEMS[:-1]
         second.close()
+        with pytest.raises(SessionLockedError):  # (any other writer, as another process would be)
+            await PersistentContextManager.open(storage_path=storage, session_id=sid, **pg_config)
 
 
 async def test_several_items_keep_the_reserved_tail(storage: Path) -> None:
@@ -213,14 +214,19 @@ async def test_closed_session_refuses_every_call(storage: Path) -> None:
 
 
 async def test_one_writer_per_session(storage: Path) -> None:
+    """Session objects of one process share the session; any other writer (another process) is refused while
+    it is open, and gets it once the last object is closed."""
     async with PersistentSession("w", storage) as first:
         await first.add_items(ITEMS[:1])
         second = PersistentSession("w", storage)
-        with pytest.raises(SessionLockedError):
-            await second.get_items()
+        assert await second.get_items() == ITEMS[:1]
         second.close()
-    async with PersistentSession("w", storage) as third:  # released by the first one's close
-        assert await third.get_items() == ITEMS[:1]
+        with pytest.raises(SessionLockedError):
+            await PersistentContextManager.open(storage_path=storage, session_id="w")
+        await first.add_items(ITEMS[1:2])  # (the second object's close left the store open for the first)
+    store = await PersistentContextManager.open(storage_path=storage, session_id="w")  # released by the last close
+    assert len(await store.get_messages()) == 2
+    await store.close()
 
 
 async def test_usable_from_other_threads_and_event_loops(storage: Path) -> None:

@@ -150,7 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _text_streams_keep_surrogates() -> None:
+    """A message may hold a lone surrogate (a non-UTF-8 file name, docs/format.md): printed as its escape
+    ``\\udce9`` where the terminal's encoding would refuse it (a C.UTF-8 locale writes the original byte)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _text_streams_keep_surrogates()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -8,13 +8,15 @@ import argparse
 import asyncio
 from typing import Any
 
+from ..storage.pages import STREAM_CACHE_BYTES
 from . import backend_of, require_storage
 
 async def _open(args: argparse.Namespace, session: str) -> Any:
     from ..store.manager import PersistentContextManager
 
     return await PersistentContextManager.open(storage_path=require_storage(args), session_id=session,
-                                               readonly=True, **backend_of(args))
+                                               readonly=True, page_cache_bytes=STREAM_CACHE_BYTES,  # (a pass: no residency)
+                                               **backend_of(args))
 
 
 def _run(coro_fn: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..model import json_lossless
 from ..errors import FOREIGN_LOG_ADVICE, ContextPersistentError, SessionLockedError
 from ..storage.paths import session_dir
 from ..operations.repair import Report, RepairResult, repair, verify
@@ -32,7 +33,7 @@ def _directory(args: argparse.Namespace) -> Any:
 
 
 def _print_json(value: dict[str, Any]) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.write(json_lossless.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def format_report(r: Report) -> str:
@@ -158,7 +159,7 @@ def _load_receipt(path: str) -> dict[str, Any]:
 
     try:
         with open(path, "rb") as f:
-            receipt = orjson.loads(f.read())
+            receipt = json_lossless.loads(f.read())
     except OSError as e:
         raise UsageError(f"cannot read the receipt {path}: {e.strerror}") from None
     except orjson.JSONDecodeError as e:

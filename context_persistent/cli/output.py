@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from ..model import json_lossless
+
 _ROLE_COLOURS = {"system": "35", "developer": "35", "user": "32", "assistant": "36", "tool": "33",
                  "function": "33"}
 
@@ -53,7 +55,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.buffer.write(json_lossless.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
 
 
@@ -74,13 +76,13 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
                 parts.append(f"(refusal) {b.get('refusal', '')}")
             elif b.get("type") in ("tool_use", "tool_call"):  # Anthropic's block, Amplifier's ToolCallBlock
                 shown_calls.add(b.get("id"))
-                parts.append(f"→ {b.get('name')}({orjson.dumps(b.get('input')).decode()})  [{b.get('id')}]")
+                parts.append(f"→ {b.get('name')}({json_lossless.dumps(b.get('input')).decode()})  [{b.get('id')}]")
             elif b.get("type") == "tool_result":
                 inner = b.get("content", b.get("output"))
                 if isinstance(inner, list):
                     inner = " ".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in inner)
                 elif not isinstance(inner, str):
-                    inner = orjson.dumps(inner).decode()
+                    inner = json_lossless.dumps(inner).decode()
                 parts.append(f"← [{b.get('tool_use_id', b.get('tool_call_id'))}] {inner}")
             elif b.get("type") in ("thinking", "redacted_thinking"):
                 parts.append(f"(thinking) {b.get('thinking', '')}")
@@ -95,7 +97,7 @@ def message_text(m: dict[str, Any], limit: int | None, hint: str = "") -> str:
         else:  # Amplifier's own form: {"id", "tool", "arguments"}
             name, args = call.get("tool", call.get("name")), call.get("arguments", call.get("input"))
         if not isinstance(args, str):
-            args = orjson.dumps(args).decode()
+            args = json_lossless.dumps(args).decode()
         parts.append(f"→ {name}({args})  [{call.get('id')}]")
     if m.get("tool_call_id"):
         parts[0:0] = [f"← [{m['tool_call_id']}]"]

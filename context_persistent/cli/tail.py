@@ -11,8 +11,7 @@ import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import orjson
-
+from ..model import json_lossless
 from . import UsageError, backend_of, require_storage, storage_info, storage_of
 from .output import message_text, role_label, short_time, use_colour
 
@@ -56,12 +55,12 @@ def _summary(rec: dict[str, Any], on: bool, width: int = 100) -> str:
             extra.append(f"imported {data['imported'].get('source')} ({data['imported'].get('messages')} messages)")
         return f"{data.get('program')} format {data.get('format')}, tokenizer {data.get('tokenizer')}" + (
             "; " + "; ".join(extra) if extra else "")
-    return orjson.dumps(data).decode()[:width]
+    return json_lossless.dumps(data).decode()[:width]
 
 
 def _print_record(rec: dict[str, Any], as_json: bool, on: bool) -> None:
     if as_json:
-        sys.stdout.buffer.write(orjson.dumps(rec) + b"\n")
+        sys.stdout.buffer.write(json_lossless.dumps(rec) + b"\n")
     else:
         sys.stdout.write(f"{rec['seq']:>6}  {short_time(rec.get('ts'))}  {rec['type']:<18} {_summary(rec, on)}\n")
     sys.stdout.flush()

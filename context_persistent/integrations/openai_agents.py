@@ -15,11 +15,14 @@ log, one ``message_added`` event each, and gives them back exactly as they were 
   ``clear_session`` a ``cleared`` event: nothing is deleted from the log.
 
 ``add_items`` returns once its items are durable (with the default ``fsync="always"``, each item is a
-durable single-record append: see ``PersistentContextManager.add_messages``). The store runs on a private event-loop thread of the session, so the session
-can be used from any event loop or thread (``Runner.run``, ``run_sync`` and ``run_streamed`` alike), and
-calls through one session object are serialised. One process at a time may write a session: a second
-writer gets ``SessionLockedError`` on its first call. Close the session with ``close()`` (or
-``await aclose()``, or ``async with``) to release it.
+durable single-record append: see ``PersistentContextManager.add_messages``). The store runs on a private
+event-loop thread, so the session can be used from any event loop or thread (``Runner.run``, ``run_sync`` and
+``run_streamed`` alike). Every session object on one session in a process shares that store
+(integrations/shared_stores.py): a new object per request works, closed or not. With the default
+``lock="open"`` one process at a time writes a session (a second process gets ``SessionLockedError`` on its
+first call); with ``lock="call"`` each call takes the lock for its own duration, so several processes can.
+``close()`` (or ``await aclose()``, or ``async with``) gives the object's share back; the last one closes
+the store and releases the session.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import asyncio
 import gc
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+import weakref
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +42,9 @@ from ..errors import StoreClosedError
 from ..model.events import ROLES
 from ..store.manager import PersistentContextManager
 from ..storage.paths import validate_session_id
+from . import shared_stores
+from ._loop import settled
+from .shared_stores import LOCK_MODES, LockMode
 
 __all__ = ["ITEM_KEY", "PersistentSession", "item_from_message", "message_from_item"]
 
@@ -89,90 +96,55 @@ def item_from_message(message: dict[str, Any]) -> Any:
     return message[ITEM_KEY] if ITEM_KEY in message else message
 
 
-async def _settled(fut: asyncio.Future[T]) -> T:
-    """The outcome of a call running on the session's thread.
-
-    If the caller is cancelled meanwhile, the call still runs to its end (a write is not left half done), and
-    then the cancellation is raised, hiding any error of the call (as openai-agents' own sessions do).
-    """
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if not fut.done():
-                cancelled = True
-                continue
-            if not cancelled:
-                raise
-        except BaseException:
-            if not cancelled:
-                raise
-        else:
-            if not cancelled:
-                return result
-        raise asyncio.CancelledError()
-
-
 class PersistentSession:
     """An openai-agents session stored in ``<storage_path>/<session_id>/events.jsonl``.
 
-    ``PersistentSession(session_id, storage_path, session_settings=None, **config)``: ``config`` takes the
-    store's configuration keys (docs/configuration.md), for example ``fsync="batch"`` or
-    ``backend="postgres"``. Opening is deferred to the first call; bad arguments are refused here.
+    ``PersistentSession(session_id, storage_path, session_settings=None, lock="open", lock_wait=10.0,
+    **config)``: ``config`` takes the store's configuration keys (docs/configuration.md), for example
+    ``fsync="batch"`` or ``backend="postgres"``. Every object on the same storage and session id in one process
+    shares one open store (closed with the last object, or when the last one is garbage-collected, or at
+    exit): a new object per request, never closed, works. ``lock="call"``: each call takes the session's lock
+    for its own duration (waiting up to ``lock_wait`` seconds), so several processes share a session
+    (integrations/shared_stores.py). Opening is deferred to the first call; bad arguments are refused here.
     """
 
     def __init__(self, session_id: str, storage_path: str | os.PathLike[str], *,
-                 session_settings: SessionSettings | dict[str, Any] | None = None, **config: Any) -> None:
+                 session_settings: SessionSettings | dict[str, Any] | None = None, lock: LockMode = "open",
+                 lock_wait: float = 10.0, **config: Any) -> None:
         validate_session_id(session_id)
         if config.get("recognise_replay", False) is not False:
             raise ValueError("recognise_replay is not available for openai-agents sessions: add_items always "
                              "stores what it is given (openai-agents never replays a saved history)")
+        if lock not in LOCK_MODES:
+            raise ValueError(f"lock must be one of {', '.join(map(repr, LOCK_MODES))}, got {lock!r}")
+        if isinstance(lock_wait, bool) or not isinstance(lock_wait, (int, float)) or not 0 <= lock_wait < 1e9:
+            raise ValueError(f"lock_wait must be a number of seconds >= 0, got {lock_wait!r}")
+        if config.get("readonly"):
+            raise ValueError("readonly is not available for openai-agents sessions (a session writes)")
         config["recognise_replay"] = False
         PersistentContextManager.check_config(dict(config))  # a bad key or value fails now, not on first use
         self.session_id = session_id
         self.storage_path = Path(storage_path).expanduser()
         self.session_settings: SessionSettings | None = (
             SessionSettings() if session_settings is None else coerce_session_settings(session_settings))
-        self._config = config
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._store: PersistentContextManager | None = None
         self._closed = False
+        self._shared = shared_stores.acquire(self.storage_path, session_id, config, lock, float(lock_wait))
+        # An object dropped without close() gives its reference back when it is collected.
+        self._finalizer = weakref.finalize(self, shared_stores.release_later, self._shared)
+        self._finalizer.atexit = False  # (at exit, shared_stores.close_all closes every store and waits)
 
-    # -- the session's thread -------------------------------------------------------------------------
+    # -- the shared store ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"openai-agents session {self.session_id!r} is closed")
 
-    def _submit(self, job: Callable[[], Coroutine[Any, Any, T]]) -> "asyncio.Future[T]":
-        """Start ``job()`` on the session's thread (starting the thread if needed); a future in the caller's loop.
-
-        Under the lock that ``close()`` takes: a job is either refused or queued ahead of the close.
-        """
-        with self._lock:
+    async def _call(self, fn: Callable[[PersistentContextManager], Awaitable[T]], write: bool = True) -> T:
+        """Run ``fn(store)`` on the store's thread and wait for it without blocking the caller's loop."""
+        with self._lock:  # (a call is either refused or queued ahead of this object's close)
             self._check_open()
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, daemon=True,
-                                          name=f"context-persistent session {self.session_id}")
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(job(), self._loop))
-
-    async def _open_store(self) -> PersistentContextManager:
-        if self._store is None:
-            self._store = await PersistentContextManager.open(storage_path=self.storage_path,
-                                                              session_id=self.session_id, **self._config)
-        return self._store
-
-    async def _call(self, fn: Callable[[PersistentContextManager], Awaitable[T]]) -> T:
-        """Run ``fn(store)`` on the session's thread and wait for it without blocking the caller's loop."""
-        async def job() -> T:
-            return await fn(await self._open_store())
-
-        return await _settled(self._submit(job))
+            fut = self._shared.start(fn, write=write)
+        return await settled(fut)
 
     # -- the openai-agents session protocol -----------------------------------------------------------
     async def get_items(self, limit: int | None = None) -> list[Any]:
@@ -195,7 +167,7 @@ class PersistentSession:
                 if gc_was_enabled:
                     gc.enable()
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def add_items(self, items: list[Any]) -> None:
         """Append the items; returns once they are durable. A bad item (ValueError) stores none of them."""
@@ -253,23 +225,16 @@ class PersistentSession:
         return await self._call(fn)
 
     def close(self) -> None:
-        """Flush and release the session, and stop its thread (idempotent; blocks until done)."""
-        if self._thread is not None and threading.current_thread() is self._thread:
+        """Give this object's reference back; the last one flushes and closes the store and stops its thread
+        (idempotent; blocks until this object's part is done)."""
+        if self._shared.on_thread():
             raise RuntimeError("close() was called from inside session.run(); close the session after it returns")
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            if self._store is not None:
-                asyncio.run_coroutine_threadsafe(self._store.close(), loop).result()
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+        if self._finalizer.detach() is not None:
+            shared_stores.release(self._shared, wait=True)
 
     async def aclose(self) -> None:
         """``close()`` without blocking the caller's event loop."""

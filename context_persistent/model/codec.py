@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import FOREIGN_LOG, UnsupportedFormatError
+from . import json_lossless
 
 #: Major format version written into every record; a reader refuses a newer one. Version 2 added ``prev``.
 FORMAT_VERSION = 2
@@ -47,11 +48,19 @@ def _refuse(obj: Any) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Encode a JSON value strictly: only JSON types, no NaN/Infinity, str keys (raises ValueError)."""
+    """Encode a JSON value strictly: only JSON types, no NaN/Infinity, str keys (raises ValueError).
+
+    A lone surrogate in a string (``os.fsdecode`` of a non-UTF-8 file name) is written as its ``\\uXXXX``
+    escape and read back unchanged (model/json_lossless.py); the common path is orjson alone."""
     try:
         out = orjson.dumps(value, default=_refuse, option=_OPTS)
     except (TypeError, orjson.JSONEncodeError) as e:
-        raise ValueError(f"not JSON-serialisable: {e}") from None
+        if "surrogates" not in str(e):
+            raise ValueError(f"not JSON-serialisable: {e}") from None
+        try:
+            out = json_lossless.dumps(value, option=_OPTS, default=_refuse)
+        except (TypeError, orjson.JSONEncodeError) as e2:
+            raise ValueError(f"not JSON-serialisable: {e2}") from None
     # orjson writes NaN and Infinity as null. ``find``, not ``in``: in CPython 3.11 ``bytes in bytes`` first
     # tries the needle as an integer and builds (then drops) a TypeError on every call.
     if out.find(b"null") >= 0 and _has_non_finite(value):
@@ -203,7 +212,10 @@ def decode(line: bytes | memoryview) -> dict[str, Any]:
     try:
         rec = _loads(line)  # a trailing newline is JSON whitespace
     except orjson.JSONDecodeError as e:
-        raise RecordError(f"checksum matches but JSON is invalid: {e}") from None
+        try:
+            rec = json_lossless.loads(line)  # (a lone surrogate's escape: orjson refuses it, JSON allows it)
+        except orjson.JSONDecodeError:
+            raise RecordError(f"checksum matches but JSON is invalid: {e}") from None
     if type(rec) is not dict or not isinstance(rec.get("seq"), int) or not isinstance(rec.get("type"), str):
         raise RecordError("record lacks an integer 'seq' or a string 'type'")
     if rec.get("v") != FORMAT_VERSION:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-import orjson
-
+from . import json_lossless
 from .codec import MAX_DEPTH, check_depth, depth_error, dumps
 
 SESSION_STARTED: Final = "session_started"
@@ -115,4 +114,4 @@ def copy_json(value: Any) -> Any:
         return out
     if t in _ATOMIC:
         return value
-    return orjson.loads(orjson.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does
+    return json_lossless.loads(json_lossless.dumps(value))  # anything else (a tuple, a subclass): convert as JSON does

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from . import json_lossless
 from .grouping import result_key, tool_calls_of
 from .replay import TRANSCRIPT_SKIPS, normalise, same_message
 
@@ -130,7 +131,7 @@ def classify(history: Any, offered: list[dict[str, Any]]) -> tuple[str, list[dic
 
 def _canonical(message: dict[str, Any]) -> bytes:
     """A message's normal form as bytes (key order aside): equal for messages :func:`same_message` equates."""
-    return orjson.dumps(normalise(message), option=orjson.OPT_SORT_KEYS)
+    return json_lossless.dumps(normalise(message), option=orjson.OPT_SORT_KEYS)
 
 
 def transcript_edits(history: Any, offered: list[dict[str, Any]]) -> dict[str, list[int]] | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-import orjson
+from . import json_lossless
 
 logger = logging.getLogger(__name__)
 
@@ -166,14 +166,14 @@ def _message_text_parts(message: dict[str, Any]) -> list[str]:
             elif isinstance(block, dict):
                 _block_parts(block, parts)
     elif content is not None:
-        parts.append(orjson.dumps(content).decode())
+        parts.append(json_lossless.dumps(content).decode())
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):
             inner = call.get("function")
             fn: dict[str, Any] = inner if isinstance(inner, dict) else call
             parts.append(str(fn.get("name") or fn.get("tool") or ""))  # ("tool": Amplifier's own form)
             args = fn.get("arguments", fn.get("input", ""))
-            parts.append(args if isinstance(args, str) else orjson.dumps(args).decode())
+            parts.append(args if isinstance(args, str) else json_lossless.dumps(args).decode())
     for key in ("name", "tool_call_id"):
         value = message.get(key)
         if isinstance(value, str):
@@ -187,7 +187,7 @@ def _block_parts(block: dict[str, Any], parts: list[str]) -> None:
         parts.append(str(block.get("text", "")))
     elif kind == "tool_use":
         parts.append(str(block.get("name", "")))
-        parts.append(orjson.dumps(block.get("input", {})).decode())
+        parts.append(json_lossless.dumps(block.get("input", {})).decode())
     elif kind == "tool_result":
         inner = block.get("content")
         if isinstance(inner, str):
@@ -201,7 +201,7 @@ def _block_parts(block: dict[str, Any], parts: list[str]) -> None:
     elif kind == "thinking":
         parts.append(str(block.get("thinking", "")))
     else:
-        parts.append(orjson.dumps(block).decode())
+        parts.append(json_lossless.dumps(block).decode())
 
 
 def message_text(message: dict[str, Any]) -> str:

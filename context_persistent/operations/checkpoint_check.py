@@ -9,8 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from ..model import json_lossless
 from ..model.projection import Counts, Projection, Refs, same_items
 from ..storage.checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
 from ..storage.pages import MessageReader
@@ -22,7 +21,7 @@ _LISTS = ("messages", "keys", "tokens")
 
 def _normal(state: dict[str, Any]) -> Any:
     """A projection state's facts as plain JSON values, its per-message lists left out."""
-    return orjson.loads(orjson.dumps({k: v for k, v in state.items() if k not in _LISTS}))
+    return json_lossless.loads(json_lossless.dumps({k: v for k, v in state.items() if k not in _LISTS}))
 
 
 def _stored_state(stored: dict[str, Any], pager: MessageReader) -> Projection | None:

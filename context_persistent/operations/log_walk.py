@@ -14,11 +14,12 @@ from typing import Any
 
 import orjson
 
+from ..model import json_lossless
 from ..errors import LogCorruptedError
 from ..model import codec
 from ..model.projection import Projection
 from ..storage.log import crash_leaves
-from ..storage.pages import MessageReader
+from ..storage.pages import STREAM_CACHE_BYTES, MessageReader
 from ..storage.segments import LogReader
 from .repair_report import REPAIRED, Gap, Problem
 
@@ -26,7 +27,7 @@ from .repair_report import REPAIRED, Gap, Problem
 def _content_of(raw: bytes) -> str:
     """What a bad piece seems to hold, read without trusting it: event type and message role and text."""
     try:
-        rec = orjson.loads(raw.strip())
+        rec = json_lossless.loads(raw.strip())
     except orjson.JSONDecodeError:
         kind = re.search(rb'"type.{1,3}?([a-z_]{4,})"', raw)  # (the flipped byte may be in these names too)
         role = re.search(rb'"role.{1,3}?([a-z_]{4,})"', raw)
@@ -41,7 +42,7 @@ def _content_of(raw: bytes) -> str:
     text = f"{rec.get('type')} event"
     if msg is not None:
         content = msg.get("content")
-        body = content if isinstance(content, str) else orjson.dumps(content).decode()
+        body = content if isinstance(content, str) else json_lossless.dumps(content).decode()
         text = f"{msg.get('role')} message {body[:60]!r}" + ("…" if len(body) > 60 else "")
     elif isinstance(data.get("messages"), list):
         text = f"{len(data['messages'])} messages (a replacement)"
@@ -164,8 +165,8 @@ class _Walk:
         self.progress = progress
         # (paged: messages stay refs into this log, read back only to compare, so memory stays bounded; a repair,
         # which replaces the log, holds them instead)
-        self.state = (seed if seed is not None else Projection(MessageReader(path.parent, open_reader=open_reader)
-                                                               if paged else None)) if fold else None
+        pager = MessageReader(path.parent, STREAM_CACHE_BYTES, open_reader=open_reader) if paged else None
+        self.state = (seed if seed is not None else Projection(pager)) if fold else None
         self.records = 0
         self.first_seq = self.last_seq = 0
         self.first_crc: str | None = None

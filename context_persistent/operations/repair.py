@@ -39,8 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from ..model import json_lossless
 from ..model import codec
 from ..storage.checkpoint import FileCheckpointStore
 from ..storage.log import FileLock, data_size
@@ -102,7 +101,7 @@ def _quarantine_entry(problem: Problem, raw: bytes) -> bytes:
         entry["raw"] = raw.decode("utf-8")
     except UnicodeDecodeError:
         entry["raw_b64"] = base64.b64encode(raw).decode("ascii")
-    return orjson.dumps(entry) + b"\n"
+    return json_lossless.dumps(entry) + b"\n"
 
 
 def _write_quarantine(directory: Path, path: Path, size: int, bad: list[tuple[Problem, bytes]]) -> Path:
@@ -110,7 +109,7 @@ def _write_quarantine(directory: Path, path: Path, size: int, bad: list[tuple[Pr
     qpath = directory / f"{QUARANTINE_PREFIX}{stamp}-{os.urandom(3).hex()}"
     out = _Writer(directory / _QUARANTINE_TMP)
     try:
-        out(orjson.dumps({"quarantined_from": str(path), "at": codec.now_iso(), "original_size": size,
+        out(json_lossless.dumps({"quarantined_from": str(path), "at": codec.now_iso(), "original_size": size,
                           "pieces": len(bad)}) + b"\n")
         for problem, raw in bad:
             out(_quarantine_entry(problem, raw))

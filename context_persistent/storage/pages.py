@@ -32,6 +32,10 @@ _INDEX_MASK = (1 << REF_INDEX_BITS) - 1
 #: ``MESSAGE_OVERHEAD`` for each message a pass over the history kept. While the whole history fits, it stays
 #: in memory after its first read (a resumed turn reads the log once); beyond it, it is paged.
 CACHE_BYTES = 96 << 20
+#: The budget of a reader that passes over a log once (verify, repair, the command line's reads): it gains
+#: nothing from keeping the history, and its memory must not grow with the log (docs/operations.md, "Memory of
+#: the commands").
+STREAM_CACHE_BYTES = 32 << 20
 #: What a parsed message costs in memory beyond its JSON (a dict and its strings), for the budget.
 MESSAGE_OVERHEAD = 256
 #: The most log bytes one sequential read of :meth:`MessageReader.fetch_many` spans.
@@ -236,6 +240,9 @@ class MessageReader(PageCache):
         if self._reader is None:
             self._reader = self._open(0)
         lines = self._reader.lines(positions[0], positions[-1] + 1)
+        # A pass keeps what it reads only while the whole log fits the budget (its bytes bound the history's): a
+        # longer history is paged, and a pass over it streams, its memory bounded whatever its length.
+        resident = self._reader.end() <= self.cache_bytes
         while True:
             try:
                 at, line = next(lines)
@@ -250,7 +257,8 @@ class MessageReader(PageCache):
             share = len(line) // len(ks)
             for k in ks:
                 out[k] = message = self._message(at, rec, refs[k] & _INDEX_MASK)
-                self.keep_read(refs[k], message, share)
+                if resident:
+                    self.keep_read(refs[k], message, share)
             done.add(at)
         for p in positions:
             if p not in done:

@@ -7,9 +7,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ..errors import ConcurrencyError
+from ..model import json_lossless
 from ..model import codec
 from ..model import events as ev
 from .appends import Appends
@@ -71,7 +70,7 @@ class HistoryEdits:
         from ..model.resume import FILTERED, REPAIR, classify
 
         s = self._s
-        offered = orjson.loads(payload)
+        offered = json_lossless.loads(payload)
         history = s.full()
         kind, merged = classify(history.messages, offered)
         if kind == REPAIR:
@@ -154,7 +153,7 @@ class HistoryEdits:
     def _replaced(payload: bytes, reason: str | None, secrets: list[dict[str, Any]] | None
                   ) -> tuple[dict[str, Any], bytes]:
         """The data of a ``messages_replaced`` event, and its JSON (the messages' as they are)."""
-        data: dict[str, Any] = {"messages": orjson.loads(payload)}
+        data: dict[str, Any] = {"messages": json_lossless.loads(payload)}
         extra = b""
         if reason is not None:
             data["reason"] = reason

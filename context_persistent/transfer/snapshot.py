@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..model import json_lossless
 from ..model import codec
 from . import snapshot_codec as sc
 from .atomic_files import Progress, _listed, write_atomic
@@ -223,7 +224,7 @@ async def _write_streamed(path: Path, header: dict[str, Any], fmt: str,
         h = hashlib.sha256()
         body = count = 0
         async for m in source():
-            line = orjson.dumps(m) + b"\n"
+            line = json_lossless.dumps(m) + b"\n"
             h.update(line)
             body += len(line)
             count += 1
@@ -234,9 +235,9 @@ async def _write_streamed(path: Path, header: dict[str, Any], fmt: str,
             again = hashlib.sha256()
             writer = sc.JsonWriter({"header": header}, "messages") if fmt == "json" else None
             if writer is None:
-                yield orjson.dumps(header) + b"\n"
+                yield json_lossless.dumps(header) + b"\n"
             async for m in source():
-                line = orjson.dumps(m) + b"\n"
+                line = json_lossless.dumps(m) + b"\n"
                 again.update(line)
                 yield line if writer is None else writer.item(m)
             if "sha256:" + again.hexdigest() != digest:
@@ -245,7 +246,7 @@ async def _write_streamed(path: Path, header: dict[str, Any], fmt: str,
                 yield writer.end()
 
         try:
-            await write_atomic(path, chunks(), progress, total=len(orjson.dumps(header)) + 1 + body)
+            await write_atomic(path, chunks(), progress, total=len(json_lossless.dumps(header)) + 1 + body)
             return
         except _Changed:
             continue

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import orjson
 
+from ..model import json_lossless
 from ..model import events as ev
 from ..errors import MalformedInputError, UnsupportedFormatError
 
@@ -74,7 +75,7 @@ def note_indices(messages: Sequence[dict[str, Any]], history: Sequence[dict[str,
 # -- writing ----------------------------------------------------------------------------------------
 def message_lines(messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
     """The canonical body, one line per message (the unit the checksum covers)."""
-    dumps = orjson.dumps
+    dumps = json_lossless.dumps
     for m in messages:
         yield dumps(m) + b"\n"
 
@@ -85,7 +86,7 @@ def encode_snapshot(header: dict[str, Any], messages: Sequence[dict[str, Any]], 
     if fmt == "markdown":
         body = render_markdown(header, messages)
         header["body_sha256"] = sha256(body)
-        yield MD_PREFIX + orjson.dumps(header) + b" -->\n"
+        yield MD_PREFIX + json_lossless.dumps(header) + b" -->\n"
         yield body
         return
     lines = list(message_lines(messages))
@@ -94,15 +95,15 @@ def encode_snapshot(header: dict[str, Any], messages: Sequence[dict[str, Any]], 
         h.update(line)
     header["body_sha256"] = "sha256:" + h.hexdigest()
     if fmt == "jsonl":
-        yield orjson.dumps(header) + b"\n"
+        yield json_lossless.dumps(header) + b"\n"
         yield from _chunks(lines)
         return
     # JSON: indented for people; the checksum is over the canonical body, not these bytes.
-    yield orjson.dumps({"header": header, "messages": list(messages)}, option=orjson.OPT_INDENT_2) + b"\n"
+    yield json_lossless.dumps({"header": header, "messages": list(messages)}, option=orjson.OPT_INDENT_2) + b"\n"
 
 
 def json_document(header: dict[str, Any], messages: Iterable[dict[str, Any]]) -> Iterator[bytes]:
-    """The JSON form, a message at a time: the same bytes as ``orjson.dumps({"header": header, "messages":
+    """The JSON form, a message at a time: the same bytes as ``json_lossless.dumps({"header": header, "messages":
     [...]}, option=OPT_INDENT_2) + b"\\n"``, with the brackets, commas and indentation written here (by
     :class:`JsonWriter`) so the messages are never held together."""
     w = JsonWriter({"header": header}, "messages")
@@ -114,19 +115,19 @@ def json_document(header: dict[str, Any], messages: Iterable[dict[str, Any]]) ->
 class JsonWriter:
     """An indented JSON object written in pieces: the keys of ``fixed``, then ``key`` holding a list whose
     items are given one at a time (``item``), then ``end(after)`` with the keys of ``after``. The bytes equal
-    ``orjson.dumps({**fixed, key: items, **after}, option=OPT_INDENT_2 | OPT_NON_STR_KEYS) + b"\\n"``."""
+    ``json_lossless.dumps({**fixed, key: items, **after}, option=OPT_INDENT_2 | OPT_NON_STR_KEYS) + b"\\n"``."""
 
     OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
 
     def __init__(self, fixed: dict[str, Any], key: str) -> None:
-        start = orjson.dumps(fixed, option=self.OPTIONS)[:-2] + b",\n  " if fixed else b"{\n  "
-        self.head = start + orjson.dumps(key) + b": ["
+        start = json_lossless.dumps(fixed, option=self.OPTIONS)[:-2] + b",\n  " if fixed else b"{\n  "
+        self.head = start + json_lossless.dumps(key) + b": ["
         self.first = True
 
     def item(self, value: Any) -> bytes:
         # Encoded two levels down, as inside the document: indented alike, and refused by orjson if the
         # document would be nested deeper than JSON readers accept (as encoding the whole document would).
-        body = orjson.dumps([[value]], option=self.OPTIONS)[10:-6]
+        body = json_lossless.dumps([[value]], option=self.OPTIONS)[10:-6]
         if self.first:
             self.first = False
             return self.head + b"\n    " + body
@@ -137,7 +138,7 @@ class JsonWriter:
         if self.first:
             self.first = False
             close = self.head + close
-        rest = b",\n" + orjson.dumps(after, option=self.OPTIONS)[2:] if after else b"\n}"
+        rest = b",\n" + json_lossless.dumps(after, option=self.OPTIONS)[2:] if after else b"\n}"
         return close + rest + b"\n"
 
 
@@ -178,11 +179,11 @@ def render_markdown(header: dict[str, Any], messages: Sequence[dict[str, Any]]) 
         extra = {k: v for k, v in m.items() if k not in ("role", "content")}
         if extra:
             out.append(_fenced(extra))
-    return "".join(out).encode()
+    return "".join(out).encode("utf-8", "backslashreplace")  # (a lone surrogate: its escape, \\udce9)
 
 
 def _fenced(value: Any) -> str:
-    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    text = json_lossless.dumps(value, option=orjson.OPT_INDENT_2).decode()
     return f"\n```json\n{text}\n```\n"
 
 
@@ -280,12 +281,12 @@ def _big_int_text(raw: bytes, obj: Any) -> int | None:
 
 
 def loads_exact(raw: bytes, path: str, first_line: int | None) -> Any:
-    """``orjson.loads(raw)``, refusing an integer orjson would change into a float (beyond 64 bits).
+    """``json_lossless.loads(raw)``, refusing an integer orjson would change into a float (beyond 64 bits).
 
     MalformedInputError names the line that holds it (``first_line`` is the line ``raw`` starts on) and the
     allowed range. orjson.JSONDecodeError passes through for the caller to word.
     """
-    obj = orjson.loads(raw)
+    obj = json_lossless.loads(raw)
     if _LONG_DIGITS.search(raw) is None:
         return obj
     try:

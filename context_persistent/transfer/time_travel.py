@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..model import json_lossless
 from ..model import events as ev
 from ..errors import InvalidRecordError
 from ..storage.backends import open_log
@@ -84,7 +85,7 @@ def _redacted_key(rec: dict[str, Any]) -> int:
 def fingerprint(message: Any) -> bytes:
     """A message's identity by content: what hides every copy of a redacted message."""
     try:
-        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        data = json_lossless.dumps(message, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # (an integer beyond 64 bits)
         data = repr(message).encode()
     return hashlib.blake2b(data, digest_size=16).digest()

@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..model import json_lossless
 from .. import __version__
 from ..errors import ContextPersistentError, SessionNotFoundError
 from ..model import events as ev
@@ -44,7 +45,7 @@ _EXT = {"jsonl": "jsonl", "json": "json", "markdown": "md"}
 
 class JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+        return json_lossless.dumps(content, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _int(request: Request, name: str, default: int | None = None) -> int | None:
@@ -188,9 +189,9 @@ class Api:
                     yield b": ping\n\n"
                     continue
                 if isinstance(item, BaseException):
-                    yield b"event: failed\ndata: " + orjson.dumps({"error": f"{type(item).__name__}: {item}"}) + b"\n\n"
+                    yield b"event: failed\ndata: " + json_lossless.dumps({"error": f"{type(item).__name__}: {item}"}) + b"\n\n"
                     return
-                yield b"id: %d\ndata: " % item["seq"] + orjson.dumps(item) + b"\n\n"
+                yield b"id: %d\ndata: " % item["seq"] + json_lossless.dumps(item) + b"\n\n"
         finally:
             task.cancel()
             with contextlib.suppress(BaseException):

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from ...model import json_lossless
+
 #: Indexed characters per message: a longer text (a huge tool output) is indexed up to here (docs/search.md).
 MAX_TEXT = 1 << 20
 #: The invisible separator put between the characters of scripts written without spaces.
@@ -43,7 +45,7 @@ def _json(value: Any) -> str:
     if isinstance(value, str):
         return value
     try:
-        return orjson.dumps(value).decode()
+        return json_lossless.dumps(value).decode()
     except TypeError:
         return repr(value)
 
@@ -105,14 +107,20 @@ def message_texts(message: dict[str, Any]) -> tuple[str, str]:
     text = "\n".join(t for t in body if t)
     if len(text) > MAX_TEXT:
         text = text[:MAX_TEXT]
-    return segment(text), segment(" ".join(dict.fromkeys(tools)))
+    return segment(_indexable(text)), segment(_indexable(" ".join(dict.fromkeys(tools))))
+
+
+def _indexable(text: str) -> str:
+    """``text`` as SQLite can hold it: a lone surrogate (a non-UTF-8 file name) becomes its escape ``\\udce9``,
+    which a search for that escape finds."""
+    return text.encode("utf-8", "backslashreplace").decode() if json_lossless.has_surrogate(text) else text
 
 
 def fingerprint(message: Any) -> bytes:
     """A message's identity for the redaction rule (transfer/snapshot.py hides copies identical to a redacted
     message the same way)."""
     try:
-        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        data = json_lossless.dumps(message, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # (an integer beyond 64 bits)
         data = repr(message).encode()
     return hashlib.blake2b(data, digest_size=16).digest()

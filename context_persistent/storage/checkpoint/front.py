@@ -7,8 +7,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
+from ...model import json_lossless
 from ...model.grouping import has_result_blocks, is_real_user_turn, is_system
 from ...model.projection import BaseLoader, LazyList, Projection
 from .payload import Checkpoint, CheckpointError
@@ -49,7 +48,7 @@ def _turns_ahead(messages: Any, i: int, turns: int, ceiling: int) -> int:
 def _low_estimate(message: dict[str, Any]) -> int:
     """A deliberately low token estimate (JSON bytes / 6; English text runs at about 4 bytes a token): the
     newest-messages span then errs on the long side. Only its size depends on it, never a result."""
-    return len(orjson.dumps(message)) // 6 + 1
+    return len(json_lossless.dumps(message)) // 6 + 1
 
 
 class SystemIndex:

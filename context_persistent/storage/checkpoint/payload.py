@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from ...model import json_lossless
 from ...model import codec
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import Counts, PagedList, Projection, Refs, json_default, raw_items
@@ -61,7 +62,7 @@ class Checkpoint:
 
 def snapshot(state: Projection) -> bytes:
     """The projection state as JSON bytes, in one ``orjson.dumps`` call (O(state))."""
-    return orjson.dumps(state.to_state(refs=True), default=json_default)
+    return json_lossless.dumps(state.to_state(refs=True), default=json_default)
 
 
 async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> list[bytes]:
@@ -83,10 +84,10 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
                 parts.append(b",")
                 await asyncio.sleep(0)
             piece = items[start:start + step]
-            parts.append(orjson.dumps(piece.tolist() if packed and type(piece) is not list else piece)[1:-1])
+            parts.append(json_lossless.dumps(piece.tolist() if packed and type(piece) is not list else piece)[1:-1])
         parts.append(b"],")
     rest = {k: v for k, v in captured.items() if k not in ("messages", "keys", "tokens")}
-    parts.append(orjson.dumps(rest)[1:])  # (the facts, without their opening brace)
+    parts.append(json_lossless.dumps(rest)[1:])  # (the facts, without their opening brace)
     return parts
 
 
@@ -95,7 +96,7 @@ def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: 
                  base: dict[str, Any] | None = None, state_in: dict[str, Any] | None = None) -> bytes:
     """The header line, the front section and its CRC line: what precedes a state section of
     ``state_bytes`` bytes (the section and its own CRC line follow)."""
-    header = orjson.dumps({
+    header = json_lossless.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
         "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": state_bytes,
@@ -135,7 +136,7 @@ def _check_crc(data: bytes | memoryview, what: str) -> None:
 
 def _head(line: bytes) -> dict[str, Any]:
     try:
-        head = orjson.loads(line)
+        head = json_lossless.loads(line)
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed header: {e}") from None
     if not isinstance(head, dict) or head.get("checkpoint") not in READABLE_VERSIONS:
@@ -200,9 +201,9 @@ def decode(data: bytes, packed: bool = False) -> Checkpoint:
                               f"(CRC {bytes(view[-_TRAILER:-1]).decode('ascii', 'replace')}, expected "
                               f"{where.get('crc')})")
     try:
-        front = orjson.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
+        front = json_lossless.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
         state = (parse_state(data, split, len(data) - _TRAILER - 1) if packed
-                 else orjson.loads(view[split : len(data) - _TRAILER - 1]))
+                 else json_lossless.loads(view[split : len(data) - _TRAILER - 1]))
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed payload: {e}") from None
     return _checkpoint(head, front, state)
@@ -253,12 +254,12 @@ def parse_state(buf: bytes, start: int = 0, end: int | None = None) -> dict[str,
             if not buf.startswith(follow, stop, end):
                 raise ValueError("another layout")
             pos = stop + len(follow)
-        facts = orjson.loads(b"{" + buf[pos:end])
+        facts = json_lossless.loads(b"{" + buf[pos:end])
         if not isinstance(facts, dict):
             raise ValueError("another layout")
     except (ValueError, OverflowError):  # (orjson.JSONDecodeError too) another shape: parsed whole, as stored
         try:
-            state = orjson.loads(memoryview(buf)[start:end])
+            state = json_lossless.loads(memoryview(buf)[start:end])
         except orjson.JSONDecodeError as e:
             raise CheckpointError(f"malformed state section: {e}") from None
         if not isinstance(state, dict):

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import LoadRefused, Projection
 from .front import SystemIndex, front_of, restore_front
@@ -430,7 +429,7 @@ class Checkpointer:
         if summed is None and not state.is_lazy and counted == front["n"]:
             summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
         front["tokens_total"] = list(summed) if summed is not None else None
-        return orjson.dumps(front), any(t is not None for t in front["tokens"])
+        return json_lossless.dumps(front), any(t is not None for t in front["tokens"])
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
         store = self.store

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
 from ..segment_store import _step
 from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head, parse_state
@@ -37,7 +38,7 @@ def check_front(line: bytes, head: dict[str, Any], rest: bytes, size: int) -> tu
     ``rest`` after it (the front section and its CRC line) were read by the caller (any store)."""
     _check_crc(line + rest, "header/front")
     try:
-        front = orjson.loads(memoryview(rest)[: head["front_bytes"]])
+        front = json_lossless.loads(memoryview(rest)[: head["front_bytes"]])
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed front section: {e}") from None
     offset, length = len(line) + len(rest), head["state_bytes"]
@@ -107,7 +108,7 @@ class FileCheckpointStore:
         if nl < 0 or b'"state_in":{' not in data[:nl]:
             return data
         try:
-            head = orjson.loads(data[:nl])
+            head = json_lossless.loads(data[:nl])
             where, length = head["state_in"], int(head["state_bytes"])
             offset = int(where["offset"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
