@@ -6,14 +6,17 @@ terminated too (#28, item 11a)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import chained
 import pytest
-from pgfixtures import execute, pg_config, pg_dsn, pg_schema, sid  # noqa: F401
+from pgfixtures import execute, pg_dsn, pg_schema, run_sql, sid  # noqa: F401
 from test_postgres_crash import stored_messages
 
 from context_persistent import PersistentContextManager
@@ -24,11 +27,21 @@ from context_persistent.storage.pg import log as pg_log
 pytestmark = pytest.mark.postgres
 
 
-async def test_reconnections_terminated_while_settling_still_settle(pg_dsn: str, pg_schema: str, sid: str,
+@pytest.fixture
+def own_schema(pg_dsn: str) -> Iterator[str]:
+    """A schema of the test's own: its many aborted inserts stay out of the tables other tests look into
+    (tests/test_erase_seams.py reads a table's pages for dead row versions)."""
+    name = f"cp_settle_{uuid.uuid4().hex[:12]}"
+    yield name
+    run_sql(pg_dsn, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+async def test_reconnections_terminated_while_settling_still_settle(pg_dsn: str, own_schema: str, sid: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer's connection is terminated while its append waits on a row lock, and so are the next three
     connections the log opens to learn the outcome: the append is refused (stored=False, nothing stored) and the
     log, still the writer, stores the same seq next."""
+    pg_schema = own_schema
     log = await PostgresEventLog.open(pg_dsn, sid, schema=pg_schema)
     await log.append(chained.lines(sid, 1, 1), 1)
     admin = await asyncpg.connect(pg_dsn)
@@ -72,11 +85,12 @@ async def test_reconnections_terminated_while_settling_still_settle(pg_dsn: str,
 
 
 @pytest.mark.slow
-async def test_25_terminations_during_appends_leave_nothing_unknown(pg_config: dict[str, Any], sid: str,
+async def test_25_terminations_during_appends_leave_nothing_unknown(pg_dsn: str, own_schema: str, sid: str,
                                                                     tmp_path: Path) -> None:
     """The writer's connection is terminated 25 times, each time as soon as it exists (during appends, during
     the reconnection that settles one, during the reads that learn its outcome): every append is acknowledged or
     refused with stored=False, and the log holds exactly the acknowledged messages, in order."""
+    pg_config = {"backend": "postgres", "dsn": pg_dsn, "pg_schema": own_schema}
     store = await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, recognise_replay=False,
                                                 **pg_config)
     log = store._log
@@ -109,6 +123,8 @@ async def test_25_terminations_during_appends_leave_nothing_unknown(pg_config: d
             i += 1
     finally:
         k.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await k  # (before its connection closes)
         await admin.close()
     assert kills == 25
     await store.add_message({"role": "user", "content": "after"})  # still the writer
