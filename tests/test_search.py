@@ -249,3 +249,43 @@ def test_query_language_passes_fts5_through_and_quotes_punctuation() -> None:
     assert translate("tools:bash OR NOT x") == "tools:bash OR NOT x"
     with pytest.raises(QueryError, match="unknown column"):
         translate("{body nosuch}:x")
+
+
+async def test_a_storage_whose_index_cannot_be_written_is_still_searched_and_listed(
+        storage: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """When the storage's index cannot be written (the index file refuses writes), search and ls work on a
+    private temporary index built from the logs, with one warning, and leave nothing behind."""
+    import tempfile
+
+    async with await PersistentContextManager.open(storage_path=storage, session_id="ro",
+                                                   search_index=False) as store:
+        await store.add_message({"role": "user", "content": "readonly otters"})
+    real = SqliteIndex._connect
+
+    def refuse(self: SqliteIndex) -> sqlite3.Connection:
+        if self.path == index_path(storage):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return real(self)
+
+    monkeypatch.setattr(SqliteIndex, "_connect", refuse)
+    before = set(Path(tempfile.gettempdir()).iterdir())
+    assert [h.seq for h in await search(storage, "otters")] == [2]
+    [row] = await list_sessions(storage)
+    assert row["title"] == "readonly otters" and row["messages"] == 1
+    warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(warned) == 2 and "temporary index" in warned[0]
+    assert set(Path(tempfile.gettempdir()).iterdir()) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to any folder: the permission cannot be tested")
+async def test_a_read_only_storage_folder_is_searched(storage: Path) -> None:
+    """A storage folder without write permission (no index yet): search and ls still work."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="ro",
+                                                   search_index=False) as store:
+        await store.add_message({"role": "user", "content": "readonly otters"})
+    os.chmod(storage, 0o500)
+    try:
+        assert [h.seq for h in await search(storage, "otters")] == [2]
+        assert [r["session_id"] for r in await list_sessions(storage)] == ["ro"]
+    finally:
+        os.chmod(storage, 0o700)
