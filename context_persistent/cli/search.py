@@ -55,8 +55,8 @@ async def ls_from_index(args: argparse.Namespace) -> int:
     from ..operations.search import list_sessions
     from .inspect import _where
 
-    where = _where_index(args)
-    rows = await list_sessions(where.pop("storage"), **where)
+    target = _where_index(args)
+    rows = await list_sessions(target.pop("storage"), **target)
     where, source = _where(args)
     if args.json:
         print_json({"storage": where, "storage_source": source, "sessions": [
