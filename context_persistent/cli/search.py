@@ -30,9 +30,9 @@ def _where_index(args: argparse.Namespace) -> dict[str, Any]:
 async def _search(args: argparse.Namespace) -> int:
     from ..operations.search import search
 
-    where = _where_index(args)
-    hits = await search(where.pop("storage"), args.query, session_id=args.session, role=args.role,
-                        since=args.since, limit=args.limit, all_messages=args.all, **where)
+    target = _where_index(args)
+    hits = await search(target.pop("storage"), args.query, session_id=args.session, role=args.role,
+                        since=args.since, limit=args.limit, all_messages=args.all, **target)
     if args.json:
         print_json({"query": args.query, "hits": [{"session_id": h.session_id, "seq": h.seq, "index": h.index,
                                                     "role": h.role, "ts": h.ts, "snippet": h.snippet,
