@@ -26,6 +26,7 @@ _PER_SESSION = 1000
 
 async def _write(dsn: str, schema: str, total: int, tmp: Any) -> int:
     from context_persistent import PersistentContextManager
+    from context_persistent.storage.pg import session_bytes
 
     written = n = 0
     while written < total:
@@ -33,7 +34,7 @@ async def _write(dsn: str, schema: str, total: int, tmp: Any) -> int:
                                                        dsn=dsn, pg_schema=schema, search_index=False) as store:
             for m in messages(_PER_SESSION, seed=n + 1):
                 await store.add_message(m)
-            written += store.stats()["bytes"]
+        written += await session_bytes(dsn, schema, f"s{n:04d}")
         n += 1
     return written
 
@@ -71,6 +72,15 @@ async def _run(ctx: Ctx, dsn: str, schema: str) -> list[Row]:
         trgm_build = time.perf_counter() - t
         trgm_size = await conn.fetchval(f"SELECT pg_relation_size('{schema}.search_docs_trgm')")
         gin_size = await conn.fetchval(f"SELECT pg_relation_size('{schema}.search_docs_tsv')")
+        from context_persistent.operations.search.pg_text import compile_query
+
+        raw = []
+        for q in queries:
+            tsq = compile_query(q)[0]
+            t = time.perf_counter()
+            await conn.fetch(f"SELECT id, session_id, key FROM {schema}.search_docs WHERE tsv @@ $1::tsquery LIMIT 20",
+                             tsq)
+            raw.append((time.perf_counter() - t) * 1000)
         trgm = []
         for q in queries:
             word = q.split()[0].strip('"*')
@@ -84,6 +94,8 @@ async def _run(ctx: Ctx, dsn: str, schema: str) -> list[Row]:
                         [percentile(ours, 50)], [percentile(trgm, 50)], unit="ms",
                         ref_name="pg_trgm GIN, ILIKE '%first word%' (ids only)"))
     rows.append(info(GROUP, f"PostgreSQL: search p99 ({mb:,.0f} MB)", percentile(ours, 99), "ms"))
+    rows.append(compare(GROUP, "PostgreSQL: tsvector @@ query alone, ids only, unranked (p50)", [percentile(raw, 50)],
+                        [percentile(trgm, 50)], unit="ms", ref_name="pg_trgm GIN, ILIKE '%first word%' (ids only)"))
     rows.append(compare(GROUP, "PostgreSQL: GIN index size, tsvector", [gin_size / (1 << 20)], [trgm_size / (1 << 20)],
                         unit="MB", ref_name="pg_trgm GIN on the same texts"))
     rows.append(info(GROUP, "PostgreSQL: pg_trgm GIN build (for comparison)", trgm_build, "s"))

@@ -315,8 +315,10 @@ class PgIndex:
         """The sessions of hits whose message the log does not hold where the index says (read and verified)."""
         if not rows:
             return set()
-        got = await self._fetch("SELECT e.session_id, e.seq, e.record FROM {s}.events e JOIN unnest($1::text[], "
-                                "$2::bigint[]) AS w(sid, seq) ON e.session_id = w.sid AND e.seq = w.seq",
+        # (a lateral lookup per hit: the primary key, never a scan of the events)
+        got = await self._fetch("SELECT w.sid, w.seq, e.record FROM unnest($1::text[], $2::bigint[]) AS w(sid, seq) "
+                                "CROSS JOIN LATERAL (SELECT record FROM {s}.events WHERE session_id = w.sid AND "
+                                "seq = w.seq) AS e",
                                 [r["session_id"] for r in rows], [r["rec_seq"] for r in rows])
         records = {(sid, seq): bytes(line) for sid, seq, line in got}
         stale = set()
