@@ -83,12 +83,16 @@ def _check(role: str | None, limit: int) -> None:
 async def search(storage: str | os.PathLike[str] | None, query: str, *, session_id: str | None = None,
                  role: str | None = None, since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
                  all_messages: bool = False, catch_up: bool = True, dsn: str | None = None,
-                 pg_schema: str | None = None) -> list[SearchHit]:
+                 pg_schema: str | None = None, index_path: str | os.PathLike[str] | None = None,
+                 read_only: bool = False) -> list[SearchHit]:
     """Full-text search over every session of a file storage, or with ``dsn`` of a PostgreSQL schema
     (``pg_schema``; ``storage`` is then not used). docs/search.md has the query language.
 
     ``all_messages``: also messages the views no longer show (before a ``clear``, replaced) that the log still
-    holds. QueryError (a ValueError) for a query that is not valid; ValueError for a bad filter.
+    holds. ``index_path``: a private index file of a file storage to use (and catch up) instead of the storage's
+    own, so that nothing is written to the storage (the viewer's). ``read_only``: write no index at all (no
+    catch-up; a hit its log disagrees with is left out rather than indexed again). QueryError (a ValueError) for
+    a query that is not valid; ValueError for a bad filter.
     """
     compiled: Any
     if dsn is not None:
@@ -101,7 +105,7 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
     since_iso = parse_since(since)
 
     async def work(index: Any) -> list[SearchHit]:
-        if catch_up:
+        if catch_up and not read_only:
             if session_id is not None:
                 await catch_up_session(index, session_id)
             else:
@@ -116,14 +120,14 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
                                      "(docs/search.md, 'Query language')") from None
                 raise
             stale = await index.stale(rows) if hasattr(index, "stale") else _stale_sessions(index.storage, rows)
-            if not stale or attempt == 2:
+            if not stale or attempt == 2 or read_only:
                 return [_hit(r) for r in rows if r["session_id"] not in stale]
             for sid in stale:
                 logger.warning("search index: session %s disagrees with its log: indexing it again", sid)
                 await catch_up_session(index, sid, force=True)
         raise AssertionError("unreachable")
 
-    return await with_index(storage, work, dsn=dsn, pg_schema=pg_schema)
+    return await with_index(storage, work, dsn=dsn, pg_schema=pg_schema, own_index=index_path)
 
 
 def _hit(r: dict[str, Any]) -> SearchHit:

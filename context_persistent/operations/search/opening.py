@@ -36,9 +36,11 @@ def unwritable(e: BaseException) -> bool:
 
 
 async def with_index(storage: str | os.PathLike[str] | None, work: Callable[[Any], Awaitable[T]], *,
-                     dsn: str | None = None, pg_schema: str | None = None) -> T:
+                     dsn: str | None = None, pg_schema: str | None = None,
+                     own_index: str | os.PathLike[str] | None = None) -> T:
     """``work(index)`` on the index of a file storage (or, with ``dsn``, of a PostgreSQL schema); again on a
-    private temporary index if the storage's cannot be written."""
+    private temporary index if the storage's cannot be written. ``own_index``: the caller's own index file of
+    the storage, used instead of the storage's (kept by the caller, never written to the storage)."""
     if dsn is not None:
         from .pg_index import PgIndex
 
@@ -50,6 +52,12 @@ async def with_index(storage: str | os.PathLike[str] | None, work: Callable[[Any
     if storage is None:
         raise ValueError("give the storage folder (or dsn= for the PostgreSQL backend)")
     root = Path(storage)
+    if own_index is not None:
+        own = SqliteIndex(root, Path(own_index))
+        try:
+            return await work(own)
+        finally:
+            own.close()
     index = SqliteIndex(root)
     try:
         return await work(index)
