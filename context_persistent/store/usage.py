@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..model import events as ev
 from ..model.calibration import WINDOW, Calibration, Fit, Key
@@ -50,7 +50,7 @@ class UsageMeter:
         self._writer = writer
         self.calibration = Calibration()
         #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
-        self.served: tuple[int, int, Key] | None = None
+        self.served: tuple[int, int | Callable[[], int | None] | None, Key] | None = None
         self.last_report: dict[str, Any] | None = None
         #: ids of the reports recorded (or read back at open): a host recording one twice writes it once.
         self._ids: set[tuple[Any, str]] = set()
@@ -91,6 +91,8 @@ class UsageMeter:
         s = self._s
         s.check_writable()
         served = self.served
+        if served is not None and callable(served[1]):
+            served = self.served = (served[0], served[1](), served[2])
         if served is not None and request_seq is None and estimated_tokens is None:
             request_seq, estimated_tokens = served[0], served[1]
             if provider is None and model is None:
@@ -138,8 +140,9 @@ class UsageMeter:
         self.last_fit = (fitted, budget, target)
         return target
 
-    def serve(self, head_seq: int, tokens: int, provider: Any) -> None:
-        """Note the request view just served: the next report answers it."""
+    def serve(self, head_seq: int, tokens: int | Callable[[], int | None] | None, provider: Any) -> None:
+        """Note the request view just served: the next report answers it. ``tokens`` may be a function that
+        counts them when a report needs them (a view made from bounds: store/view_bound.py)."""
         name, model = provider_identity(provider)
         key = (name, model) if provider is not None else (self.calibration.last_key or (None, None))
         self.served = (head_seq, tokens, key)
