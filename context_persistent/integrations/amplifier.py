@@ -7,11 +7,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..store.config import KNOWN_KEYS
 from ..errors import SessionLockedError
 from .amplifier_host import HostContext, SessionInUseError
+
+if TYPE_CHECKING:
+    from ..store.manager import PersistentContextManager
 
 logger = logging.getLogger("context_persistent")
 

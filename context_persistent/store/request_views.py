@@ -19,7 +19,7 @@ from .ledger import TokenLedger
 from ..model.projection import LazyList
 from ..storage.log import FileEventLog
 from .session import EVENT_COMPACTION, EVENT_POST_COMPACT, EVENT_PRE_COMPACT, Session
-from .view_bound import BoundViews, Bounds, bound
+from .view_bound import MIN_BOUND, BoundViews, Bounds, bound, fits
 from .writer import Writer
 
 if TYPE_CHECKING:  # compaction loads on the first request view: `import context_persistent` stays cheap
@@ -134,11 +134,16 @@ class RequestViews:
     async def _bounded(self, budget: int) -> RequestView | None:
         """The view made from upper bounds of the tokens, cached, or None when the bound does not fit."""
         s = self._s
-        if s.state.is_lazy and not self.bounds.may_fit(budget, s.compaction):
+        cfg = s.compaction
+        summed = self._ledger.summed()  # (counts are never above bounds: a counted total that does not fit ...)
+        if not fits(len(s.state.messages) * MIN_BOUND, budget, cfg) or (
+                summed is not None and not fits(summed[1], budget, cfg)):
+            return None  # (... or a history too long to fit even at the least bound a message has)
+        if s.state.is_lazy and not self.bounds.may_fit(budget, cfg):
             return None  # (a lazily opened history is loaded only if its checkpoint says the bound may fit)
         state = s.full()
         version = state.version
-        made = await self.bounds.view(list(state.messages), state.keys, budget, s.compaction)
+        made = await self.bounds.view(state.messages, state.keys, budget, cfg)
         if made is None:
             return None
         view, base = made

@@ -90,9 +90,13 @@ class UsageMeter:
         """Make, fold and queue a ``usage_reported`` event; returns its data (None: this id was recorded)."""
         s = self._s
         s.check_writable()
-        served = self.served
-        if served is not None and callable(served[1]):
-            served = self.served = (served[0], served[1](), served[2])
+        served: tuple[int, int | None, Key] | None = None
+        if self.served is not None:
+            head, counted, key = self.served
+            if callable(counted):  # (counted now: a view made from bounds)
+                counted = counted()
+                self.served = (head, counted, key)
+            served = (head, counted, key)
         if served is not None and request_seq is None and estimated_tokens is None:
             request_seq, estimated_tokens = served[0], served[1]
             if provider is None and model is None:

@@ -53,6 +53,10 @@ class Bounds(Sequence[int]):
         return bound(self._h[i])
 
 
+#: The least bound a message can have (``{}``): a history longer than the limit over this never fits.
+MIN_BOUND = 2 + MESSAGE_OVERHEAD
+
+
 def fits(total: int, budget: int, config: Any) -> bool:
     """Whether a view of ``total`` tokens at most needs no compaction and no warning at ``budget``."""
     return total <= budget and not (config.auto_compact and total >= config.compact_threshold * budget)
@@ -103,7 +107,8 @@ class BoundViews:
     def _keep(self, h: int, prefix_bound: int, keys: Any) -> None:
         self.prefix = (self._s.epoch, h, int(keys[h - 1]), prefix_bound) if h > 0 else None
 
-    async def view(self, messages: list[Any], keys: Any, budget: int, config: Any) -> tuple[RequestView, Any] | None:
+    async def view(self, messages: Sequence[Any], keys: Any, budget: int, config: Any
+                   ) -> tuple[RequestView, Any] | None:
         """``(view, anchor)`` made from bounds, or None when the bound does not fit (count, then build).
 
         ``messages`` is the whole history (loaded) and ``keys`` its keys. With a clean prefix only the messages
@@ -126,7 +131,8 @@ class BoundViews:
             found = analyse(messages[h:])
             report = found.report
             if not (report.orphan_results_dropped or report.results_moved):
-                out = list(messages[:h]) + found.messages
+                messages = list(messages)
+                out = messages[:h] + found.messages
                 total = prefix_bound + sum(bound(m) for m in found.messages)
                 if not fits(total, budget, config):
                     return None
@@ -139,9 +145,10 @@ class BoundViews:
                 }
                 view = RequestView(ev.copy_json(out), total, False, stats)
                 return view, self._anchor(view, messages, keys, bounds, config, history_bound)
-        total = sum(bounds)
+        total = sum(bound(m) for m in messages)  # (a paged history is read in runs, not kept)
         if not fits(total, budget, config):
             return None
+        messages = list(messages)
         tokens = [bound(m) for m in messages]
         built = await build_request_view(messages, tokens, [False] * n, budget, config, bound)
         if built.compacted or not fits(built.token_count, budget, config):
