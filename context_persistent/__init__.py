@@ -40,6 +40,10 @@ def __getattr__(name: str) -> object:
         from .store.usage_read import read_usage
 
         return read_usage
+    if name in ("search", "list_sessions", "SearchHit", "QueryError"):  # (the search index: on first use)
+        from .operations import search
+
+        return getattr(search, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __version__ = "0.1.0"
@@ -55,9 +59,11 @@ __all__ = [
     "LogWriteError",
     "MalformedInputError",
     "PersistentContextManager",
+    "QueryError",
     "ReadOnlyError",
     "RecordCorruptedError",
     "RecordsExpiredError",
+    "SearchHit",
     "SessionExistsError",
     "SessionLockedError",
     "SessionNotFoundError",
@@ -67,6 +73,8 @@ __all__ = [
     "UnsupportedFormatError",
     "__version__",
     "import_",
+    "list_sessions",
     "mount",
     "read_usage",
+    "search",
 ]

@@ -22,16 +22,28 @@ def _content(seq: int, tag: str) -> dict[str, Any]:
 
 def lines(sid: str, first: int, n: int, tag: str = "m",
           message: Callable[[int, str], dict[str, Any]] = _content) -> list[bytes]:
-    """Records ``first .. first + n - 1`` of a chain that starts at seq 1 (earlier records with tag "m")."""
+    """Records ``first .. first + n - 1`` of a chain that starts at seq 1 (earlier records with tag "m").
+
+    The same arguments give the same bytes: a record's random ``salt`` (codec.salt) is fixed per seq here, so
+    that the records before ``first``, encoded again, have the crc the chain was built with."""
     prev = codec.root_crc(sid)
     out = []
     for seq in range(1, first + n):
-        line = codec.encode_event(seq, "message_added", {"message": message(seq, tag if seq >= first else "m")},
-                                  TS, prev)
+        line = _salted(seq, lambda: codec.encode_event(
+            seq, "message_added", {"message": message(seq, tag if seq >= first else "m")}, TS, prev))
         if seq >= first:
             out.append(line)
         prev = codec.crc_of(line)
     return out
+
+
+def _salted(seq: int, encode: Callable[[], bytes]) -> bytes:
+    real = codec.salt
+    codec.salt = lambda: (b"ac" * 24)[seq % 2:][:24] + b"a" * 24  # type: ignore[assignment]
+    try:
+        return encode()
+    finally:
+        codec.salt = real  # type: ignore[assignment]
 
 
 def last_crc(path: Path) -> bytes:

@@ -74,7 +74,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 #: does not group under pytest 9.2, so the groups are named here; test_xdist_groups.py keeps the list whole.)
 SHARED_FIXTURE_FILES = ("test_amplifier_calibration.py", "test_amplifier_cli.py", "test_bounded_memory.py", "test_cli_streaming.py",
                         "test_foundation_host.py", "test_record_chain.py", "test_retention_crash.py",
-                        "test_segment_expiry_crash.py")
+                        "test_segment_expiry_crash.py", "test_viewer_api.py", "test_viewer_browser.py",
+                        "test_viewer_postgres.py", "test_viewer_usage.py")
 
 try:
     from xdist.scheduler import LoadScopeScheduling

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from context_persistent.operations.search.sqlite_index import INDEX_DIR
+
 from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, host_exit_crash,
                       session_id_of, text_of, unavailable, user_texts)
 
@@ -119,7 +121,7 @@ def test_run_resume_continue_one_system_prompt_every_turn_once(cli: Cli) -> None
     added = [r["data"]["message"] for r in records_of(cli, sid, "message_added")]
     assert [text_of(m) for m in added if m["role"] == "user"] == user_texts(requests[-1])
     # the kernel's validator mounted the module at every start: it left nothing in the store
-    assert sorted(p.name for p in cli.storage.iterdir()) == [sid]
+    assert sorted(p.name for p in cli.storage.iterdir() if p.name != INDEX_DIR) == [sid]  # (and the search index)
 
 
 @pytest.mark.slow
@@ -326,3 +328,74 @@ def test_source_mount_plan_installs_the_package_and_its_dependencies(host: Host,
                                                'aiofiles', 'watchfiles']))
     assert user_texts(assert_requests_valid(cli, sid)[-1]) == ["hello", "again"]
     assert [text_of(m) for m in cli.log_messages(sid) if m["role"] == "user"] == ["hello", "again"]
+
+
+def _ours(cli: Cli, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``context-persistent`` command of this checkout on the test's store (not the host's environment)."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HOME": str(cli.home)}
+    env.pop("CONTEXT_PERSISTENT_DIR", None)
+    return subprocess.run([sys.executable, "-m", "context_persistent", *args, "--storage", str(cli.storage)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_amplifier_session_delete_reaches_the_store_through_the_trash(cli: Cli) -> None:
+    """A session `amplifier session delete` removed goes to the trash at `retention apply --follow-amplifier`
+    (an unrelated session and one the CLI still has stay); `trash restore` brings it back whole."""
+    gone = session_id_of(cli.run("run", "-B", cli.bundle_uri, "a private turn").stdout)
+    cli.run("run", "--resume", gone, "a second private turn")
+    kept = session_id_of(cli.run("run", "-B", cli.bundle_uri, "keep me").stdout)
+    for sid in (gone, kept):
+        assert len(records_of(cli, sid, "host_linked")) == 1  # linked once, at the first run
+        link = json.loads((cli.storage / sid / "host.json").read_text())
+        assert link["folder"] == str(cli.sessions_dir() / sid)
+    before = cli.log_messages(gone)
+
+    deleted = cli.run("session", "delete", gone, "--force")
+    assert "Deleted session" in deleted.stdout and not (cli.sessions_dir() / gone).exists()
+    plan = _ours(cli, "retention", "plan", "--follow-amplifier")
+    assert plan.returncode == 0 and f"expire {gone}" in plan.stdout and f"expire {kept}" not in plan.stdout, \
+        plan.stdout + plan.stderr
+    applied = _ours(cli, "retention", "apply", "--follow-amplifier")
+    assert applied.returncode == 0 and f"trashed {gone}" in applied.stdout, applied.stdout + applied.stderr
+    assert sorted(p.name for p in cli.storage.iterdir() if not p.name.startswith(".")) == [kept]
+    listed = _ours(cli, "ls")
+    assert gone not in listed.stdout and kept in listed.stdout
+
+    restored = _ours(cli, "trash", "restore", gone)
+    assert restored.returncode == 0, restored.stderr
+    assert cli.log_messages(gone) == before
+    again = _ours(cli, "retention", "apply", "--follow-amplifier")  # restored on purpose: not followed again
+    assert again.returncode == 0 and "0 session(s) moved" in again.stdout
+
+
+@pytest.mark.slow
+def test_an_edited_transcript_is_warned_about_once(cli: Cli) -> None:
+    """Removing a turn from transcript.jsonl between two resumes changes nothing the model sees, and the next
+    resume says so once, naming `context-persistent erase`; a second edit says nothing."""
+    sid = session_id_of(cli.run("run", "-B", cli.bundle_uri, "my password is hunter2").stdout)
+    cli.run("run", "--resume", sid, "second turn")
+    path = cli.sessions_dir() / sid / "transcript.jsonl"
+
+    def drop_the_password_turn() -> None:
+        lines = path.read_text().splitlines()
+        kept = [line for line in lines if "hunter2" not in line]
+        assert len(kept) == len(lines) - 2, lines  # the user's turn and the reply quoting it
+        path.write_text("".join(f"{line}\n" for line in kept))
+
+    drop_the_password_turn()
+    third = cli.run("run", "--resume", sid, "third turn")
+    shown = third.stdout + third.stderr
+    assert shown.count("context-persistent erase") == 1 and "transcript.jsonl" in shown, shown[-3000:]
+    assert "hunter2" in json.dumps(cli.requests(sid)[-1])  # the log is the record: the turn is still there
+    assert "hunter2" in path.read_text()  # and the CLI wrote it back
+
+    drop_the_password_turn()
+    fourth = cli.run("run", "--resume", sid, "fourth turn")
+    assert "context-persistent erase" not in fourth.stdout + fourth.stderr
+    assert len(records_of(cli, sid, "transcript_edited")) == 1
+    assert [r["data"]["kind"] for r in records_of(cli, sid, "transcript_ignored")][-1] == "edited_transcript"
+    assert user_texts(assert_requests_valid(cli, sid)[-1]) == ["my password is hunter2", "second turn",
+                                                               "third turn", "fourth turn"]

@@ -24,7 +24,7 @@ TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "re
         "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
         "retention_sessions=6", "long_small=40", "long_medium=90", "long_large=0", "long_appends=20",
         "long_rounds=1", "long_peers=90", "long_cli=90", "usage_messages=20", "usage_turns=5",
-        "usage_request_messages=30", "usage_request_calls=2"]  # (the peers and the commands at 90 only: fewer children)
+        "usage_request_messages=30", "usage_request_calls=2", "viewer_messages=400"]  # (the peers and the commands at 90 only: fewer children)
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
 EXPECTED = {
@@ -60,6 +60,10 @@ EXPECTED = {
               "turn on 20 x 300 B, fsync=never: with record_usage / without", "record_usage call, fsync=never",
               "request unchanged 30 x 300 B: calibrated / calibrate=false",
               "request after one new message 30 x 300 B: calibrated / calibrate=false"],
+    "viewer": ["open a session: facts + last 200 events, 400 messages", "last page of the full view, 400",
+               "timeline page from the middle, 400", "first view page from the middle", "first page of the full view",
+               "request view at 8,000 tokens, 400", "time travel to the middle", "time travel to another seq",
+               "request view at 8,000 tokens in the past", "peak RSS, every step above, 400 messages"],
     "segments": ["the append that fills a 1 MiB segment and rolls it", "the append that rolls a 1 MiB segment, compress_sealed",
                  "roll (seal) of a 1 MiB active segment opened with data", "compress a sealed 1 MiB segment",
                  "read_line_at, plain sealed segment", "read_line_at, compressed sealed segment",

@@ -1,4 +1,4 @@
-"""The examples of docs/integrations.md's Agent Framework and AutoGen sections run as written.
+"""The examples of docs/integrations.md's Agent Framework, AutoGen, LangGraph and Pydantic AI sections run as written.
 
 Each ``python`` block of a section runs in a fresh process in a tmp dir; the ``# -> ...`` comments in a block
 are the lines it must print, in order.
@@ -26,7 +26,7 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-@pytest.mark.parametrize("title", ["Microsoft Agent Framework", "AutoGen"])
+@pytest.mark.parametrize("title", ["Microsoft Agent Framework", "AutoGen", "LangGraph", "Pydantic AI"])
 def test_examples_run_and_print_what_they_say(title: str, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     blocks = section_blocks(title)
     assert blocks, f"no python example in the {title!r} section"

@@ -53,13 +53,20 @@ async def test_erase_on_an_open_writer_removes_the_bytes_and_keeps_the_chain(sto
     store = await _session(storage, fsync=fsync)
     before = await store.get_messages()
     receipt = await store.erase(2, reason="user request")
+    import base64
     import hashlib
+    import hmac
 
     from context_persistent.operations.erasure import escaped
 
+    key = base64.b64decode(receipt["message"]["hmac_key"])
+    assert len(key) == 32
     assert receipt["message"] == {"seq": 4, "index": 0, "key": 4 << 20, "role": "user",
-                                  "sha256": "sha256:" + hashlib.sha256(NEEDLE).hexdigest(), "bytes": len(NEEDLE),
-                                  "escaped": {"sha256": "sha256:" + hashlib.sha256(escaped(NEEDLE)).hexdigest(),
+                                  "hmac_key": receipt["message"]["hmac_key"],
+                                  "hmac": "hmac-sha256:" + hmac.new(key, NEEDLE, hashlib.sha256).hexdigest(),
+                                  "bytes": len(NEEDLE),
+                                  "escaped": {"hmac": "hmac-sha256:" + hmac.new(key, escaped(NEEDLE),
+                                                                                hashlib.sha256).hexdigest(),
                                               "bytes": len(escaped(NEEDLE))}}
     assert [r["seq"] for r in receipt["records"]] == [4]
     # views behave as if the message were redacted
@@ -190,7 +197,7 @@ def test_a_version_1_record_gets_a_version_1_tombstone() -> None:
     rec = codec.decode(line)
     from context_persistent.operations.erasure import erased_data
 
-    tomb = tombstone(rec, erased_data(rec, [0], "", codec.now_iso()))
+    tomb = tombstone(rec, erased_data(rec, [0], "", codec.now_iso(), b"k" * 32))
     assert tomb.startswith(b'{"v":1,"seq":2,"ts"') and codec.decode(tomb)["crc"] == rec["crc"]
     assert NEEDLE not in tomb
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from context_persistent.operations.search.sqlite_index import INDEX_DIR
+
 from context_persistent import PersistentContextManager, SessionExistsError
 from context_persistent.storage.log import scan
 
@@ -62,7 +64,7 @@ async def test_fork_refuses_an_existing_target_and_bad_seqs(storage: Path) -> No
         with pytest.raises(ValueError, match="beyond the last event"):
             await parent.fork("later", at_seq=parent.head_seq + 5)
     assert (storage / "taken" / "events.jsonl").read_bytes() == taken
-    assert sorted(p.name for p in storage.iterdir()) == ["parent", "taken"]
+    assert sorted(p.name for p in storage.iterdir() if p.name != INDEX_DIR) == ["parent", "taken"]  # (and the search index)
 
 
 async def test_fork_of_a_read_only_store_works_while_a_writer_holds_the_session(storage: Path) -> None:

@@ -62,7 +62,7 @@ def test_each_framework_extra_installs_what_its_docs_example_imports() -> None:
         code = "\n".join(e for e in examples if marker in e)
         assert code, f"no example of {marker} in docs/integrations.md"
         imported = {m.split(".")[0] for m in re.findall(r"^(?:from|import) ([\w.]+)", code, re.M)}
-        frameworks = imported - {"asyncio", "context_persistent", "os", "json", "pathlib", "typing", "__future__"}
+        frameworks = imported - set(sys.stdlib_module_names) - {"context_persistent", "__future__"}
         unknown = frameworks - set(DISTRIBUTIONS)
         assert not unknown, f"the {extra} example imports {sorted(unknown)}: add them to DISTRIBUTIONS"
         installed = {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in extras[extra]}

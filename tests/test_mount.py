@@ -164,3 +164,16 @@ def test_two_validator_processes_do_not_collide(tmp_path: Path, subprocess_env: 
     assert not (tmp_path / "cfg").exists() and not (tmp_path / "env").exists()
     assert list(work.iterdir()) == []
     assert not (Path(env["HOME"]) / ".amplifier").exists()
+
+
+async def test_amplifier_cores_validation_with_the_mount_plans_storage_is_ephemeral(tmp_path: Path) -> None:
+    """amplifier_core's ContextValidator mounts with the mount plan's config (a storage included), as the
+    kernel's loader does at load: that run still writes nothing to the configured storage."""
+    from amplifier_core.validation import ContextValidator
+
+    import context_persistent
+
+    result = await ContextValidator().validate(str(Path(context_persistent.__file__).parent),
+                                               config={"storage_path": str(tmp_path / "cfg")})
+    assert result.passed, result
+    assert not (tmp_path / "cfg").exists() or not any((tmp_path / "cfg").iterdir())

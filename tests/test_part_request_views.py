@@ -38,16 +38,27 @@ async def views_over(storage: Path, turns: int, **config: Any) -> tuple[Any, Any
 
 
 async def test_a_view_is_cached_and_extended_after_an_append(storage: Path, rebuilds: Any) -> None:
-    """The second request at the same budget builds nothing; one appended message extends the view."""
+    """The second request at the same budget builds nothing; one appended message extends the view; a lower
+    budget the view still fits under keeps it, a higher one or one it no longer fits under builds anew."""
     session, writer, views, _ = await views_over(storage, 3)
-    first = await views.view(100_000, "explicit")
+
+    async def exact(budget: int) -> Any:
+        return await views.view(budget, "explicit", exact=True)
+    first = await exact(100_000)
     assert first.messages == session.state.messages and not first.compacted and rebuilds.count == 1
-    assert await views.view(100_000, "explicit") is first and rebuilds.count == 1
+    assert await exact(100_000) is first and rebuilds.count == 1
     await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "user", "content": "one more"}})
-    grown = await views.view(100_000, "explicit")
+    grown = await exact(100_000)
     assert grown.messages[-1] == {"role": "user", "content": "one more"} and rebuilds.count == 1
-    other = await views.view(50_000, "explicit")  # another budget: its own view (from the clean prefix)
-    assert other is not grown and other.stats["budget"] == 50_000 and other.messages == grown.messages
+    assert await exact(50_000) is grown and rebuilds.count == 1  # (still far under 92%)
+    await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "assistant", "content": "ok"}})
+    assert (await exact(50_000)).messages[-1]["content"] == "ok" and rebuilds.count == 1
+    await exact(100_000)  # (the budget it was built for: still the cached view)
+    assert rebuilds.count == 1
+    await exact(150_000)  # a higher budget: built for the room it gives
+    assert rebuilds.count == 2
+    small = grown.token_count // 2
+    assert (await exact(small)).token_count <= small and rebuilds.count == 3
     await session.log.close()
 
 

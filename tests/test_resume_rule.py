@@ -183,3 +183,41 @@ async def test_a_repair_must_answer_an_unanswered_call(storage: Path) -> None:
         await s.set_messages([*HISTORY[:4], {"role": "user", "content": "more"}])
         assert await s.get_messages() == HISTORY[:4]
     assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["not_recognised"] * 3
+
+
+def _two_calls() -> list[dict[str, Any]]:
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}
+    call2 = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c2", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}
+    return [SYSTEM, {"role": "user", "content": "q"}, call, {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+            call2, {"role": "tool", "tool_call_id": "c2", "content": "r2"}, {"role": "assistant", "content": "done"}]
+
+
+async def test_a_history_missing_a_non_final_tool_result_is_not_a_host_repair(storage: Path) -> None:
+    """set_messages of the history with a tool result left out (not moved elsewhere) is no repair: ignored, the
+    result stays in every view and the request has no "no result recorded" placeholder."""
+    history = _two_calls()
+    await _seed(storage, history)
+    async with await _open(storage) as s:
+        await s.set_messages([m for m in history if m.get("tool_call_id") != "c1"])
+        assert await s.get_messages() == history
+        assert "no result recorded" not in str(await s.get_messages_for_request())
+    assert not _of(storage, "messages_replaced")
+    assert [i["kind"] for i in _of(storage, "transcript_ignored")] == ["not_recognised"]
+
+
+async def test_a_repair_that_moves_a_tool_result_is_accepted(storage: Path) -> None:
+    """A repair that moves a result of the history (every result still there, one at another place) and answers
+    an unanswered call is accepted as a host_repair."""
+    history = _two_calls()[:-1] + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c3", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}]
+    await _seed(storage, history)
+    r1 = history[3]
+    moved = [m for m in history if m is not r1]
+    moved.insert(moved.index(history[4]) + 1, r1)  # (r1 moved after the second call's block)
+    synthetic = {"role": "tool", "tool_call_id": "c3", "content": "interrupted"}
+    async with await _open(storage) as s:
+        await s.set_messages([*moved, synthetic])
+        assert await s.get_messages() == [*moved, synthetic]
+    assert [r["reason"] for r in _of(storage, "messages_replaced")] == ["host_repair"]

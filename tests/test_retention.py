@@ -137,7 +137,7 @@ async def test_apply_moves_expired_sessions_and_records_them(storage: Path) -> N
     assert d["log"]["sha256"] == digest and d["policy"]["max_sessions"] == 2 and d["grace_days"] == 3
     assert datetime.fromisoformat(d["purge_after"]) - datetime.fromisoformat(rec["ts"]) < timedelta(days=3, seconds=1)
     # the others are untouched; ls does not list the trash
-    assert sorted(p.name for p in storage.iterdir()) == [".retention", "b", "c"]
+    assert sorted(p.name for p in storage.iterdir()) == [".retention", ".search", "b", "c"]  # (.search: the index)
 
 
 async def test_trashed_session_does_not_open_and_restore_brings_it_back(storage: Path) -> None:
@@ -257,7 +257,7 @@ async def test_apply_on_open_trashes_others_not_the_one_opened(storage: Path) ->
                                                 retention={"max_sessions": 1, "apply_on_open": True})
     await store.close()
     # "me" is the oldest but is the one being opened: the two others exceed the count and go
-    assert sorted(p.name for p in storage.iterdir()) == [".retention", "me"]
+    assert sorted(p.name for p in storage.iterdir()) == [".retention", ".search", "me"]
     assert sorted(r["session_id"] for r in await trash.list_trash(storage)) == ["other1", "other2"]
     # without apply_on_open, the policy in the config changes nothing on open
     await _make(storage, "third")
@@ -315,7 +315,7 @@ def test_cli_plan_apply_list_restore_purge(storage: Path, subprocess_env: dict[s
     r = _cli(subprocess_env, "retention", "plan", "--max-sessions", "1", *s)
     assert r.returncode == 0, r.stderr
     assert "expire c1" in r.stdout and "expire c2" in r.stdout and "2 session(s) to expire" in r.stdout
-    assert sorted(p.name for p in storage.iterdir()) == ["c1", "c2", "c3"]  # a plan changes nothing
+    assert sorted(p.name for p in storage.iterdir()) == [".search", "c1", "c2", "c3"]  # a plan changes nothing
     r = _cli(subprocess_env, "retention", "apply", "--max-sessions", "1", "--grace-days", "0.5", "--json", *s)
     assert r.returncode == 0, r.stderr
     assert [t["entry"] for t in json.loads(r.stdout)["trashed"]] == ["c1~1", "c2~2"]

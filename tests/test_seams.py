@@ -199,8 +199,8 @@ async def test_erase_never_writes_through_a_link_planted_as_its_temp_file(storag
     await store.add_message({"role": "user", "content": "ok"})
     real = erasure.clean_leftovers
 
-    def clean_then_plant(directory: Path) -> list[str]:  # a link appearing right after the clean-up
-        gone = real(directory)
+    def clean_then_plant(directory: Path, **kw: Any) -> list[str]:  # a link appearing right after the clean-up
+        gone = real(directory, **kw)
         (directory / "events.jsonl.erasing").symlink_to(outside)
         return gone
 

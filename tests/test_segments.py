@@ -441,7 +441,7 @@ def _write_receipt(storage: Path, receipt: dict[str, Any]) -> Path:
 async def test_repair_fixes_the_active_segment_and_refuses_to_touch_a_sealed_one(storage: Path) -> None:
     from context_persistent.operations.repair import repair
 
-    messages = await _fill(storage, 60, segment_bytes=4096)
+    messages = await _fill(storage, 64, segment_bytes=4096)  # (sealed segments, and records in the active one)
     folder = storage / SID
     active = folder / "events.jsonl"
     data = active.read_bytes()

@@ -153,7 +153,8 @@ async def test_the_cli_prints_semantic_findings_and_repairs_with_the_flag(storag
     p = cli("verify", "s")
     assert p.returncode == 1 and "PROBLEM unanswered tool call 'a' (tool grep) at seq 3" in p.stdout
     p = cli("repair", "s")
-    assert p.returncode == 0 and "placeholder" not in p.stdout  # bytes only, without the flag
+    assert p.returncode == 0 and "placeholder result for" not in p.stdout  # bytes only, without the flag
+    assert "`context-persistent repair --semantic s` records the fixes" in p.stdout  # (and it says what would)
     p = cli("repair", "--semantic", "s")
     assert p.returncode == 0 and "placeholder result for a added as seq 4" in p.stdout, p.stdout + p.stderr
     p = cli("verify", "s", "--json")

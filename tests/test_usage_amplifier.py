@@ -4,6 +4,7 @@ session on the real hook registry, the request budget follows the calibration, a
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,35 @@ async def test_other_sessions_and_bad_reports_do_not_count(tmp_path: Path, caplo
     await session.cleanup()
     usage = [r["data"] for r in _records(storage, "amp-own") if r["type"] == "usage_reported"]
     assert [(u["input_tokens"], u["source"]) for u in usage] == [(10, "amplifier")]
+
+
+async def test_usage_given_as_text_is_recorded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """amplifier-core 2.0.2's hook registry hands the handler the Usage as its str(): it is recorded with the
+    figures in it; a text that is not name=value fields is one warning line and nothing is recorded."""
+    from amplifier_core.message_models import Usage
+
+    storage = tmp_path / "store"
+    plan = _plan(storage)
+    plan["providers"][0]["config"]["report_usage"] = False
+    session = AmplifierSession(plan, session_id="amp-text")
+    await session.initialize()
+    hooks = session.coordinator.hooks
+    await session.execute("question")
+    text = str(Usage(input_tokens=876, output_tokens=28, total_tokens=904, cache_read_tokens=12,
+                     cost_usd=Decimal("0.0123")))
+    assert text.startswith("input_tokens=876 output_tokens=28")  # (the form the real registry delivers)
+    await hooks.emit("provider:response", {"provider": "fake", "session_id": "amp-text", "usage": text})
+    with caplog.at_level(logging.WARNING, logger="context_persistent"):
+        await hooks.emit("provider:response", {"provider": "fake", "usage": "<Usage object at 0x7f>"})
+        await hooks.emit("provider:response", {"provider": "fake", "usage": "input_tokens=<object at 0x7f>"})
+    warned = [r for r in caplog.records if "usage of a provider response not recorded" in r.getMessage()]
+    assert len(warned) == 2 and "name=value" in warned[0].getMessage()
+    assert "input_tokens must be a non-negative integer" in warned[1].getMessage()
+    await session.cleanup()
+    usage = [r["data"] for r in _records(storage, "amp-text") if r["type"] == "usage_reported"]
+    assert [(u["input_tokens"], u["output_tokens"], u["cache_read_tokens"], u["cost_usd"], u["model"])
+            for u in usage] == [(876, 28, 12, 0.0123, "fake-claude-1")]
+    assert usage[0]["estimated_tokens"] > 0
 
 
 async def test_calibrate_off_keeps_the_budget(tmp_path: Path) -> None:

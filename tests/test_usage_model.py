@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context_persistent.model.calibration import MARGIN, Calibration, Prior, fit, prior_for
-from context_persistent.model.usage import Prices, UsageLedger, request_tokens, usage_data
+from context_persistent.model.usage import (MAX_USAGE_FIELDS, MAX_USAGE_TEXT, Prices, UsageLedger, parse_usage_text,
+                                           request_tokens, usage_data)
 
 
 def test_usage_data_takes_every_spelling() -> None:
@@ -27,6 +28,60 @@ def test_usage_data_takes_every_spelling() -> None:
     ant = usage_data(SimpleNamespace(input_tokens=3, output_tokens=1, cache_creation_input_tokens=4,
                                      cache_read_input_tokens=9))
     assert (ant["cache_write_tokens"], ant["cache_read_tokens"]) == (4, 9)
+
+
+def test_usage_text_is_read_as_amplifier_core_prints_it() -> None:
+    """The str() of amplifier_core's Usage (what its 2.0.2 hook registry hands provider:response handlers) gives
+    back every field: None, ints, a Decimal cost, and extra fields holding spaces, '=' or containers."""
+    from amplifier_core.message_models import Usage
+
+    usage = Usage(input_tokens=876, output_tokens=28, total_tokens=904, cost_usd=Decimal("0.0123"),
+                  cache_creation_input_tokens=5, note="a b=c 'q'", details={"x": 1, "y": [1, 2]}, flag=True)
+    assert parse_usage_text(str(usage)) == {
+        "input_tokens": 876, "output_tokens": 28, "total_tokens": 904, "reasoning_tokens": None,
+        "cache_read_tokens": None, "cache_write_tokens": None, "cost_usd": Decimal("0.0123"),
+        "cache_creation_input_tokens": 5, "note": "a b=c 'q'", "details": {"x": 1, "y": [1, 2]}, "flag": True}
+    assert parse_usage_text(repr(usage)) == parse_usage_text(str(usage))  # (Usage(input_tokens=876, ...))
+    data = usage_data(str(usage), provider="claudelike")
+    assert (data["input_tokens"], data["cache_write_tokens"], data["cost_usd"]) == (876, 5, 0.0123)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"input_tokens": 7, "output_tokens": 1}', {"input_tokens": 7, "output_tokens": 1}),
+    ("  input_tokens=7\toutput_tokens=None  ", {"input_tokens": 7, "output_tokens": None}),
+    ('cost_usd=Decimal("1E-7") input_tokens=1', {"cost_usd": Decimal("1E-7"), "input_tokens": 1}),
+    ("input_tokens=1 when=datetime.datetime(2025, 1, 2, 0, 0) output_tokens=2",
+     {"input_tokens": 1, "when": "datetime.datetime(2025, 1, 2, 0, 0)", "output_tokens": 2}),
+    ("input_tokens=1 name='unclosed output_tokens=2", {"input_tokens": 1, "name": "'unclosed", "output_tokens": 2}),
+    ("input_tokens=1 empty= output_tokens=2", {"input_tokens": 1, "empty": "", "output_tokens": 2}),
+    ("cost_usd=inf input_tokens=-inf", {"cost_usd": float("inf"), "input_tokens": float("-inf")}),
+])
+def test_usage_text_odd_values(text: str, expected: dict) -> None:
+    """JSON objects, tabs, Decimal in either quote, values that do not read back (kept as their text), an
+    unclosed quote, an empty value and infinities each parse to what the text says (the checks refuse them)."""
+    assert parse_usage_text(text) == expected
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "name=value fields"),
+    ("hello world", "name=value fields"),
+    ("Usage object at 0x7f input_tokens=5", "name=value fields"),
+    ("input_tokens=-3", "non-negative integer"),
+    ("input_tokens=1.5", "non-negative integer"),
+    ("input_tokens=<object at 0x7f>", "non-negative integer"),
+    ("input_tokens='876'", "non-negative integer"),
+    ("input_tokens=nan", "non-negative integer"),
+    ("input_tokens=1 cost_usd=-inf", "cost_usd"),
+    ("input_tokens=1 cost_usd=Decimal('x')", "cost_usd"),
+    ("model=x", "reports no tokens"),
+    ("a=1 " * (MAX_USAGE_FIELDS + 1), "at most"),
+    ("input_tokens=1 note=" + "x" * MAX_USAGE_TEXT, "at most"),
+])
+def test_usage_text_that_is_not_a_report_is_refused(text: str, words: str) -> None:
+    """Text that is not name=value fields, or whose token fields are not counts, is a ValueError that says
+    what is wrong; nothing is guessed."""
+    with pytest.raises(ValueError, match=words):
+        usage_data(text)
 
 
 @pytest.mark.parametrize("data, expected", [

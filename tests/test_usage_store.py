@@ -26,8 +26,8 @@ def _kinds(storage: Path, session: str) -> list[str]:
 
 
 async def test_the_report_rides_with_the_next_append(tmp_path: Path) -> None:
-    """record_usage writes nothing by itself (file log, fsync always): the record goes out with the next event,
-    answers the request view served last and carries the store's own count of it."""
+    """record_usage writes nothing by itself (file log, fsync always): the record goes out in the same write as
+    the next event, answers the request view served last and carries the store's own count of it."""
     store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
     await store.add_message({"role": "user", "content": "hello there"})
     view = await store.get_messages_for_request(token_budget=10_000)
@@ -35,7 +35,16 @@ async def test_the_report_rides_with_the_next_append(tmp_path: Path) -> None:
     assert data is not None and _kinds(tmp_path, "s")[-1] == "message_added"
     assert data["request_seq"] == store.head_seq and data["estimated_tokens"] == sum(
         store._counter.count_message(m) for m in view)
+    log = store._s.log
+    real_append, appends = log.append, []
+
+    async def spy(lines: list[bytes], first_seq: int) -> None:
+        appends.append(len(lines))
+        await real_append(lines, first_seq)
+
+    log.append = spy
     await store.add_message({"role": "assistant", "content": "hi"})
+    assert appends == [2]  # (one write: the record and the message, no write of its own)
     assert _kinds(tmp_path, "s")[-2:] == ["usage_reported", "message_added"]
     await store.close()
 
@@ -106,6 +115,31 @@ async def test_the_budget_follows_the_provider_count(tmp_path: Path) -> None:
     assert max(calibrated[3:]) <= budget  # (the first requests are small; the fit follows from the reports)
     assert max(calibrated) >= 0.8 * budget
     assert max(await run(False)) > budget
+
+
+async def test_a_slowly_rising_ratio_extends_the_view_instead_of_rebuilding_it(tmp_path: Path,
+                                                                               rebuilds: Any) -> None:
+    """A provider whose count rises a little against ours with every report lowers the calibrated budget a
+    little each turn: the view, still under the lower budget's threshold, is extended, not rebuilt every turn;
+    once it no longer fits it is compacted, and the provider's count stays inside its budget."""
+    budget = 6_000
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync="never")
+    real = []
+    for i in range(60):
+        await store.add_message({"role": "user", "content": f"turn {i} " + "word " * 60})
+        view = await store.get_messages_for_request(token_budget=budget)
+        counted = sum(store._counter.count_message(m) for m in view)
+        real.append(int(counted * (1.2 + 0.01 * i)) + 300)
+        await store.record_usage({"input_tokens": real[-1], "output_tokens": 5}, provider="acme", model="m1")
+        await store.add_message({"role": "assistant", "content": "ok"})
+    fitted = [store.stats()["calibration"]["budget"]]
+    await store.get_messages_for_request(token_budget=budget)
+    fitted.append(store.stats()["calibration"]["budget"])
+    compacted = store.stats()["last_compaction"]
+    await store.close()
+    assert fitted[1] < fitted[0] and compacted is not None  # (the budget kept falling; the view was compacted)
+    assert max(real[3:]) <= budget
+    assert 2 <= rebuilds.count <= 6, rebuilds.count  # (the first view, the compactions; not one per turn)
 
 
 async def test_a_fork_starts_its_own_ledger(tmp_path: Path) -> None:

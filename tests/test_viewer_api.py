@@ -36,8 +36,11 @@ class _Search:
 
 
 class _Usage:
-    async def usage(self, session_id: str, *, at_seq: int | None) -> list[dict[str, Any]]:
-        return [{"seq": 5, "input_tokens": 1200, "output_tokens": 40}]
+    """A usage provider that answers more reports than it was asked for."""
+
+    async def usage(self, session_id: str, *, at_seq: int | None, limit: int) -> list[dict[str, Any]]:
+        return [{"seq": 5, "request_seq": 4, "input_tokens": 1000 + i, "estimated_tokens": None, "output_tokens": 40}
+                for i in range(2 * limit + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
 @pytest.fixture(scope="module")
 def client(built: tuple[Path, dict[str, Any]]) -> Iterator[TestClient]:
     storage, _ = built
-    app = create_app(Source(storage), TOKEN, port=PORT, extensions=Extensions(search=_Search(), usage=_Usage()))
+    app = create_app(Source(storage), TOKEN, port=PORT, extensions=Extensions(search=_Search()))
     with TestClient(app, headers={"authorization": f"Bearer {TOKEN}"}) as c:
         yield c
 
@@ -186,16 +189,16 @@ def test_the_request_view_marks_what_compaction_kept_masked_and_dropped(client: 
 
 
 def test_the_token_chart_places_the_compaction_and_uses_its_budget(client: TestClient) -> None:
-    """Per-message and cumulative tokens, the budget the compaction recorded, the compaction at the history's
-    end, and the usage a provider reported (through the hook)."""
+    """Per-message and cumulative tokens, the budget the compaction recorded (1,500 asked for, calibrated by the
+    provider's reports), the compaction at the history's end."""
     tokens = _get(client, "/api/sessions/agent/tokens")
     assert tokens["messages"] == 31 and len(tokens["points"]) == 31 and tokens["uncounted"] == 0
     assert tokens["points"][-1]["cumulative"] == tokens["total"] > 0
-    assert tokens["budget"] == 1500 and tokens["budget_source"] == "recorded"
+    recorded = tokens["compactions"][0]["data"]["budget"]
+    assert tokens["budget"] == recorded < 1500 and tokens["budget_source"] == "recorded"
     assert [c["at"] for c in tokens["compactions"]] == [31]
-    assert tokens["usage"] == [{"seq": 5, "input_tokens": 1200, "output_tokens": 40}]
-    past = _get(client, "/api/sessions/agent/tokens", at=12)
-    assert past["messages"] == 11 and past["compactions"] == [] and past["budget"] == 1500
+    past = _get(client, "/api/sessions/agent/tokens", at=13)
+    assert past["messages"] == 11 and past["compactions"] == [] and past["budget"] == recorded
 
 
 def test_time_travel_shows_the_session_as_it_was(client: TestClient) -> None:
@@ -248,7 +251,7 @@ def test_search_goes_to_the_provider_and_is_absent_without_one(client: TestClien
                     headers={"authorization": f"Bearer {TOKEN}"}) as plain:
         r = plain.get("/api/search", params={"q": "x"})
         assert r.status_code == 404 and "search projection" in r.json()["error"]
-        assert plain.get("/api/sessions/agent/tokens").json()["usage"] is None
+        assert plain.get("/api/info").json()["features"] == {"search": False, "usage": True}
 
 
 def test_the_viewer_writes_nothing_and_takes_no_lock(client: TestClient, built: tuple[Path, dict[str, Any]]) -> None:

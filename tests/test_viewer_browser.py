@@ -167,6 +167,23 @@ def test_the_time_travel_control_shows_the_session_as_it_was(page: Any) -> None:
     expect(page.locator("#chart svg rect.bar")).to_have_count(3)
 
 
+def test_the_chart_shows_the_usage_the_provider_reported(page: Any) -> None:
+    """The token chart draws each request the provider reported (a dot, with the store's estimate as a tick and
+    both numbers in its tooltip) and says so in its legend; as of a seq before the second report, only one."""
+    from playwright.sync_api import expect
+
+    page.goto(page.url.split("#")[0] + "#/s/agent")
+    points = page.locator("#chart svg g.usage-point")
+    expect(points).to_have_count(3)
+    expect(page.locator("#chart svg g.usage-point circle.reported")).to_have_count(3)
+    expect(page.locator("#chart svg g.usage-point line.estimate")).to_have_count(3)
+    title = points.first.locator("title").text_content() or ""
+    assert "input tokens reported by the provider" in title and "estimated by the store" in title
+    assert "reported by the provider: 3 request(s)" in page.inner_text("#usage-key")
+    page.goto(page.url.split("#")[0] + "#/s/agent?at=20")
+    expect(page.locator("#chart svg g.usage-point")).to_have_count(1)
+
+
 def test_an_event_appended_by_another_process_appears_live(page: Any, served: dict[str, Any]) -> None:
     """While the timeline is open, a message a writer process appends shows up without a reload."""
     page.goto(page.url.split("#")[0] + "#/s/agent-try2")

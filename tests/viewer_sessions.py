@@ -35,8 +35,13 @@ async def build(storage: Path, *, steps: int = 12) -> dict[str, Any]:
             await store.add_message(_call(i, "read_file", f'{{"path": "shop/module_{i}.py"}}'))
             body = "\n".join(f"{n:4d}  def rule_{n}(tokens): return tokens[{n}:]  # {i}" for n in range(60))
             await store.add_message(_result(i, body))
-        pin_seq = store.head_seq + 1
+            if i % 4 == 0:  # a request, and what the provider said it held (a little more than the estimate)
+                await store.get_messages_for_request()
+                estimate = await store.get_token_count()
+                await store.record_usage({"input_tokens": estimate + 40 * i, "output_tokens": 50 + i},
+                                         provider="anthropic", model="claude-sonnet-4-5", id=f"msg_{i}")
         await store.add_message({"role": "assistant", "content": "Decision: render() must keep UTF-8; I will drop the encode."})
+        pin_seq = store.head_seq  # (a usage report waiting to be written goes out with this append, before it)
         await store.pin(seq=pin_seq)
         await store.add_message({"role": "user", "content": HOSTILE})
         await store.add_message({"role": "user", "content": SECRET})

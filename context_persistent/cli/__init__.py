@@ -23,12 +23,14 @@ from .. import __version__
 from ..errors import ContextPersistentError, SessionNotFoundError
 
 #: Command modules, in the order their commands appear in ``--help``.
-COMMAND_MODULES = ("inspect", "transfer", "durability", "erase", "retention", "usage", "demo", "db", "serve")
+COMMAND_MODULES = ("inspect", "search", "transfer", "durability", "erase", "retention", "usage", "demo", "db", "serve")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 EPILOG = """examples:
-  context-persistent ls                        sessions with message counts, size and last activity
+  context-persistent ls                        sessions with message counts, size, first/last time and title
+  context-persistent search 'connection pool'  where did I discuss it? (every session; exit 1: no match)
+  context-persistent show my-session --around 42 -C 3    a hit in context
   context-persistent where                     the storage folder in use, and where that setting came from
   context-persistent show my-session --view conversation
   context-persistent show my-session -n 20     the last 20 messages, with the seq of each

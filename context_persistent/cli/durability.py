@@ -173,16 +173,20 @@ def _load_receipt(path: str) -> dict[str, Any]:
 def _receipt_result(args: argparse.Namespace, receipt: dict[str, Any], problems: list[str],
                     report: dict[str, Any] | None, log_ok: bool) -> int:
     m = receipt["message"]
+    shown = {k: v for k, v in m.items() if k != "hmac_key"}  # (the key lets its holder test guesses)
     if args.json:
-        _print_json({**(report or {}), "receipt": {"message": m, "ok": not problems, "problems": problems}})
+        _print_json({**(report or {}), "receipt": {"message": shown, "ok": not problems, "problems": problems,
+                                                   "not_covered": receipt.get("not_covered", [])}})
     else:
         for p in problems:
             print(f"  PROBLEM receipt: {p}")
         if not problems:
             trashed = sum(len(t.get("records", [])) for t in receipt.get("trash", []))
-            print(f"receipt: the erased bytes ({m['bytes']} bytes, {m['sha256']}) are nowhere in the session, "
-                  f"and the log holds {len(receipt.get('records', []))} tombstone(s) in their place"
+            print(f"receipt: the erased bytes ({m['bytes']} bytes, {m.get('hmac') or m.get('sha256')}) are nowhere "
+                  f"in the session, and the log holds {len(receipt.get('records', []))} tombstone(s) in their place"
                   + (f", its expired segments in the trash {trashed}" if trashed else ""))
+            for n in receipt.get("not_covered", []):
+                print(f"  not covered: {n['what']}: {n['why']}")
         else:
             print("receipt: NOT confirmed")
     return EXIT_OK if log_ok and not problems else EXIT_PROBLEM

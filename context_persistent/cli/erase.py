@@ -46,7 +46,7 @@ def write_receipt(path: str, receipt: dict[str, Any]) -> None:
 def format_receipt(r: dict[str, Any]) -> str:
     m = r["message"]
     lines = [f"erased from session {r['session_id']}: the {m['role']} message at seq {m['seq']} (index "
-             f"{m['index']}), {m['bytes']} bytes, {m['sha256']}"]
+             f"{m['index']}), {m['bytes']} bytes, {m.get('hmac') or m.get('sha256')}"]
     for rec in r["records"]:
         where = f"byte offset {rec['offset']}" if "offset" in rec else f"row seq {rec['row']}"
         lines.append(f"  log: seq {rec['seq']} ({rec['type']}, {where}) replaced by a tombstone")
@@ -59,7 +59,13 @@ def format_receipt(r: dict[str, Any]) -> str:
     for t in r.get("trash", []):
         seqs = ", ".join(f"seq {x['seq']} ({x['type']})" for x in t["records"])
         lines.append(f"  trash entry {t['entry']}, expired segment {t['where']}: {seqs} replaced by a tombstone")
+    for name in r.get("removed_temp_files", []):
+        lines.append(f"  leftover {name}: removed")
+    if r.get("vacuum"):
+        lines.append(f"  {r['vacuum']['command']}: run on {', '.join(r['vacuum']['tables'])}")
     lines.append(f"  snapshots: {r['snapshots']}")
+    for n in r.get("not_covered", []):
+        lines.append(f"  not covered: {n['what']}: {n['why']}")
     return "\n".join(lines)
 
 
@@ -82,11 +88,12 @@ async def _erase(args: argparse.Namespace) -> int:
         raise _Locked(f"session {e.session_id!r} is open for writing by {holder}: erase needs the session to itself. "
                       "Stop that agent (or let it close the session) and run erase again; a running agent can "
                       "erase through the API (PersistentContextManager.erase)") from None
+    vacuum: bool | str = {None: False, "plain": True, "full": "full"}[args.vacuum]  # type: ignore[assignment]
     try:
         if args.message_index is not None:
-            receipt = await store.erase(args.message_index, reason=args.reason)
+            receipt = await store.erase(args.message_index, reason=args.reason, vacuum=vacuum)
         else:
-            receipt = await store.erase(seq=args.seq, index=args.index, reason=args.reason)
+            receipt = await store.erase(seq=args.seq, index=args.index, reason=args.reason, vacuum=vacuum)
     finally:
         await store.close()
     if args.receipt:
@@ -131,4 +138,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="with --seq: the message's position in a messages_replaced record (default 0)")
     p.add_argument("--reason", default="", help="why (stored in the tombstone and the receipt)")
     p.add_argument("--receipt", metavar="FILE", help="write the receipt (JSON) to FILE ('-': stdout only)")
+    p.add_argument("--vacuum", nargs="?", const="plain", choices=("plain", "full"), default=None,
+                   help="PostgreSQL (--dsn): then VACUUM the events and checkpoints tables, removing the old row "
+                   "versions that still hold the message ('full': VACUUM FULL, which rewrites the tables and locks "
+                   "them meanwhile)")
     p.set_defaults(func=_run(_erase))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from ..model.retention import MAX_COUNT, MAX_DAYS, POLICY_KEYS, RetentionPolicy
@@ -18,6 +19,7 @@ EXAMPLES = """examples:
   context-persistent retention apply --max-age-days 90 --grace-days 30
   context-persistent retention apply --max-sessions 500 --max-bytes 20000000000
   context-persistent retention plan --max-segments 20           sealed segments of kept sessions beyond 20
+  context-persistent retention apply --follow-amplifier          sessions `amplifier session delete` removed
   context-persistent trash list                                   entries in the trash, with their purge dates
   context-persistent trash restore my-session                     back to a live session, intact
   context-persistent trash purge                                  delete entries whose grace period is over
@@ -28,10 +30,20 @@ exit codes: 0 done, 1 problem (an entry refused, a session locked), 2 usage erro
 
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
     config = {k: getattr(args, k) for k in POLICY_KEYS if getattr(args, k, None) is not None}
+    if getattr(args, "follow_amplifier", None) is not None:
+        if _pg(args):
+            raise ValueError("--follow-amplifier applies to a storage folder only (the file backend), not --dsn")
+        config["follow_host"] = True
     policy = RetentionPolicy.from_config(config)
     if not policy.limits():
-        raise ValueError("give at least one limit: --max-age-days, --max-sessions, --max-bytes or --max-segments")
+        raise ValueError("give at least one limit: --follow-amplifier, --max-age-days, --max-sessions, --max-bytes "
+                         "or --max-segments")
     return policy
+
+
+def _host_home(args: argparse.Namespace) -> Path | None:
+    home = getattr(args, "follow_amplifier", None)
+    return Path(home).expanduser() if home else None
 
 
 def _pg(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,7 +79,7 @@ async def _plan(args: argparse.Namespace) -> dict[str, Any]:
         return (await plan_pg(backend["dsn"], backend.get("pg_schema"), policy)).as_dict()
     from ..operations.trash import plan_file
 
-    return (await plan_file(require_storage(args), policy)).as_dict()
+    return (await plan_file(require_storage(args), policy, host_home=_host_home(args))).as_dict()
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -88,7 +100,7 @@ async def _apply(args: argparse.Namespace) -> dict[str, Any]:
         return await apply_pg(backend["dsn"], backend.get("pg_schema"), policy)
     from ..operations.trash import apply_file
 
-    return await apply_file(require_storage(args), policy)
+    return await apply_file(require_storage(args), policy, host_home=_host_home(args))
 
 
 def run_apply(args: argparse.Namespace) -> int:
@@ -227,6 +239,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         q.add_argument("--max-segments", dest="max_segments", type=_count, metavar="N",
                        help="of each kept session, keep the N newest sealed log segments (segmented logs only; "
                             "the active segment never expires)")
+        q.add_argument("--follow-amplifier", dest="follow_amplifier", nargs="?", const="", metavar="HOME",
+                       help="expire the sessions whose Amplifier CLI folder the CLI deleted (`amplifier session "
+                            "delete`/`cleanup`; only sessions the CLI ran, linked when they were mounted); HOME: "
+                            "look under HOME/.amplifier instead of the home recorded at the link")
         q.add_argument("--grace-days", dest="grace_days", type=_days, metavar="DAYS",
                        help="days an expired session stays in the trash before `trash purge` deletes it "
                             "(default 7)")

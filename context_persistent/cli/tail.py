@@ -37,6 +37,11 @@ def _summary(rec: dict[str, Any], on: bool, width: int = 100) -> str:
         return f"{len(keys)} replayed messages folded out of the views (seq {seqs})"[:width + 30]
     if kind == "transcript_ignored":
         return f"set_messages of {data.get('count')} messages ignored ({data.get('kind')}): {data.get('reason')}"
+    if kind == "transcript_edited":
+        return (f"an edited transcript of {data.get('count')} messages ignored and warned about: removes seqs "
+                f"{data.get('removed_seqs')}, changes seqs {data.get('changed_seqs')}")
+    if kind == "host_linked":
+        return f"linked to the {data.get('host')} session folder {data.get('folder')}"
     if kind == "erased":
         gone = ", ".join(f"index {e.get('index')} ({e.get('sha256', '')[:19]}…)" for e in data.get("erased", []))
         return f"tombstone of a {data.get('of')} record: erased {gone}" + (

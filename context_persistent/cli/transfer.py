@@ -99,6 +99,15 @@ async def _export(args: argparse.Namespace) -> int:
 async def _import(args: argparse.Namespace) -> int:
     from ..store.importing import import_
 
+    if args.agent is not None:  # another agent's session files (cli/agent_import.py)
+        from .agent_import import run_import
+
+        return await run_import(args)
+    if len(args.session) != 1:
+        raise UsageError("import takes PATH and SESSION (the new session's id); with --from AGENT, PATH... "
+                         "[--session-id ID]")
+    args.session = args.session[0]
+
     system = args.system
     if system is not None and system.startswith("@"):
         system = Path(system[1:]).read_text(encoding="utf-8")
@@ -150,9 +159,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 "or a reference-module context-messages.jsonl",
                 "  context-persistent import backup.jsonl restored-session\n"
                 "  context-persistent import ~/.amplifier/projects/P/sessions/S/context-messages.jsonl S\n"
-                "  context-persistent import transcript.jsonl S --source transcript --system @system-prompt.md\n")
+                "  context-persistent import transcript.jsonl S --source transcript --system @system-prompt.md\n"
+                "  context-persistent import --from claude-code ~/.claude/projects/P/*.jsonl\n"
+                "  context-persistent import --from codex rollout.jsonl.zst --session-id fix-login\n")
+    from .agent_import import AGENTS
+
     p.add_argument("path", metavar="PATH")
-    p.add_argument("session", metavar="SESSION", help="id of the new session (must not exist)")
+    p.add_argument("session", metavar="SESSION", nargs="*",
+                   help="id of the new session (must not exist); with --from: more files, one session each")
+    p.add_argument("--from", dest="agent", choices=AGENTS, default=None,
+                   help="PATH... are another agent's session files: claude-code, codex (.jsonl or .jsonl.zst) or "
+                        "pi; each becomes a session <agent>:<its id> (docs/importing.md)")
+    p.add_argument("--session-id", default=None, metavar="ID", help="with --from and one file: the session's id")
     p.add_argument("--source", choices=SOURCES, default="auto",
                    help="what PATH is (default auto: see docs/snapshots.md for the rules)")
     p.add_argument("--system", metavar="TEXT|@FILE",

@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.config import KNOWN_KEYS
 from ..errors import SessionLockedError
-from .amplifier_host import HostContext, SessionInUseError
+from ..store.manager import PersistentContextManager
+from .amplifier_host import HostContext, SessionInUseError, cli_session_folder
 
 if TYPE_CHECKING:
     from ..store.manager import PersistentContextManager
@@ -41,6 +43,17 @@ def is_validator(coordinator: Any) -> bool:
     """
     return any(c.__name__ == "MockCoordinator" and c.__module__ == "amplifier_core.testing"
                for c in type(coordinator).__mro__)
+
+
+def _validating() -> bool:
+    """Whether this mount is called by amplifier_core's module validation (``amplifier_core.validation``: the
+    kernel's loader validates a context module at load by mounting it with the mount plan's config)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("amplifier_core.validation"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def storage_from(config: dict[str, Any]) -> Path:
@@ -73,10 +86,12 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     if not session_id:
         raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
     ephemeral: Path | None = None
-    if is_validator(coordinator) and not any(config.get(k) for k in ("storage_path", "backend", "dsn")):
-        # A validator run (the test coordinator, no storage configured) is not a session: give it a private
-        # store that the cleanup deletes, so it leaves nothing in the default storage and takes no lock another
-        # process could collide with. A test coordinator given a storage is an app's test: it persists there.
+    if is_validator(coordinator) and (_validating() or not any(config.get(k) for k in ("storage_path", "backend",
+                                                                                      "dsn"))):
+        # A validator run (amplifier_core's validation, which passes the mount plan's config, or the test
+        # coordinator with no storage configured) is not a session: give it a private store that the cleanup
+        # deletes, so it leaves nothing in the storage and takes no lock another process could collide with. The
+        # test coordinator given a storage by anything else is an app's own test: it persists there.
         ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
         for key in ("backend", "dsn", "pg_schema"):
             config.pop(key, None)
@@ -105,7 +120,10 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     unregister = None
     assert isinstance(store, HostContext)
     store.reopen_with = dict(config)
+    if ephemeral is None:  # (the CLI's folder of a resumed session exists now; a new one's after its first save)
+        store.host_folder = cli_session_folder(str(session_id))
     try:
+        await store.try_link_host()
         await coordinator.mount("context", store)
         register = getattr(coordinator, "register_contributor", None)
         if callable(register):
@@ -121,6 +139,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         try:
             if callable(unregister):
                 unregister()
+            if not store.closed:
+                await store.try_link_host()
             await store.close()
             # (the orchestrator may still write after this, e.g. its "cancelled" message after Ctrl-C)
             store.closed_by_host = ephemeral is None

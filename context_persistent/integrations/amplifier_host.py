@@ -1,12 +1,19 @@
 """What the Amplifier host does around the store that a library user does not: writes after its cleanup closed
-the store, and a second ``amplifier`` process on a session (docs/amplifier.md, "The host's edges")."""
+the store, a second ``amplifier`` process on a session, and the link to the CLI's own folder of the session
+that retention's ``follow_host`` follows (docs/amplifier.md, "The host's edges")."""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ..errors import SessionLockedError
+from ..model import events as ev
+from ..storage.host_link import BadLinkError, read_link, write_link
 from ..store.manager import PersistentContextManager
 
 logger = logging.getLogger("context_persistent")
@@ -25,6 +32,41 @@ class HostContext(PersistentContextManager):
     closed_by_host = False
     #: How the mount opened the store: what a late write opens it with again.
     reopen_with: dict[str, Any] = {}
+    #: The CLI's folder of this session (``cli_session_folder``), or None outside the CLI.
+    host_folder: Path | None = None
+
+    async def link_host(self) -> bool:
+        """Link the session to the CLI's folder of it once that folder exists: a ``host_linked`` record in the
+        log, then its index ``host.json`` in the session folder (storage/host_link.py). Done at most once per
+        folder; True when the session is linked. Only on the file backend, and never for a read-only store."""
+        folder = self.host_folder
+        s = self._s
+        if folder is None or s.closed or s.readonly or s.config.get("backend", "file") != "file":
+            return False
+        if not folder.is_dir():
+            return False
+        mine = s.log_dir()
+        try:
+            link = read_link(mine)
+        except BadLinkError as e:
+            logger.warning("context-persistent: %s; writing it again", e)
+            link = None
+        if link is not None and link["folder"] == str(folder) and link["session_id"] == s.session_id:
+            return True
+        home, project = folder.parents[4], folder.parents[1].name
+        data = {"host": "amplifier", "folder": str(folder), "home": str(home), "project": project}
+        seq = await self._commit(ev.HOST_LINKED, data)
+        write_link(mine, {**data, "session_id": s.session_id, "seq": seq,
+                          "linked_at": datetime.now(timezone.utc).isoformat()})
+        return True
+
+    async def try_link_host(self) -> None:
+        """:meth:`link_host`, where a failure is one warning line: the link never fails a session."""
+        try:
+            await self.link_host()
+        except Exception as e:
+            logger.warning("context-persistent: session %s not linked to the CLI's folder %s (retention's "
+                           "follow_host will not follow it): %s", self._s.session_id, self.host_folder, e)
 
     async def add_message(self, message: dict[str, Any]) -> None:
         if self.closed and self.closed_by_host:
@@ -67,3 +109,16 @@ class SessionInUseError(SessionLockedError):
     def __str__(self) -> str:
         return str(self.args[0])
 
+
+
+def cli_session_folder(session_id: str) -> Path | None:
+    """The Amplifier CLI's folder of ``session_id`` (``~/.amplifier/projects/<project>/sessions/<id>``, as its
+    ``SessionStore`` makes it: the project from the working folder), or None when this process is not the CLI
+    (``amplifier_app_cli`` not loaded: another host, or the library alone)."""
+    if "amplifier_app_cli" not in sys.modules or not session_id or os.sep in session_id:
+        return None
+    try:
+        from amplifier_app_cli.project_utils import get_project_slug  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return Path.home() / ".amplifier" / "projects" / str(get_project_slug()) / "sessions" / session_id

@@ -24,9 +24,11 @@ most ``(true slope - prior) * (growth of the request since the largest report)``
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import truediv
 from statistics import median
 from typing import Any, Final
 
@@ -106,16 +108,27 @@ def fit(points: list[tuple[int, int]], prior: Prior, carried_overhead: int = 0, 
     if not points:
         return Fit(prior.slope, carried_overhead, 0, False, prior)
     n = len(points)
-    pts = [(e, r + 0.5) for e, r in points]  # (a reported count is a rounded one: up to half a token under)
-    e_max = max(e for e, _ in pts)
-    ratio = max(r / e for e, r in pts if 2 * e >= e_max)
-    slopes = [(rj - ri) / (ej - ei) for ei, ri in pts for ej, rj in pts if ej >= SPREAD * ei]
+    # Sorted by size, so the pairs at least SPREAD apart are found by bisection: a session whose requests grow
+    # slowly has none, and the fit (made once per report) costs O(n log n), not a test of all n^2 pairs.
+    pts = sorted(points)
+    es = [e for e, _ in pts]
+    rs = [r + 0.5 for _, r in pts]  # (a reported count is a rounded one: up to half a token under)
+    e_max = es[-1]
+    big = bisect_left(es, e_max / 2)  # (the largest requests: 2 * e >= e_max)
+    ratio = max(map(truediv, rs[big:], es[big:]))
+    slopes = []
+    if SPREAD * es[0] <= e_max:
+        for i, (ei, ri) in enumerate(zip(es, rs)):
+            j = bisect_left(es, SPREAD * ei, i + 1)
+            if j == n:
+                break
+            slopes += [(rj - ri) / (ej - ei) for ej, rj in zip(es[j:], rs[j:])]
     if slopes:
         raised = median(slopes) * (1 + MARGIN)
     else:
         raised = prior.slope * (1 + MARGIN) if prior.upper else ratio
     slope = max(min(ratio, raised), 1e-3)
-    overhead = max(0, max(r - slope * e for e, r in pts))
+    overhead = max(0, max(r - slope * e for e, r in zip(es, rs)))
     return Fit(slope, int(overhead) + (overhead % 1 > 0), n if reports is None else reports, True, prior)
 
 
@@ -127,19 +140,22 @@ class Calibration:
     reports at open (the newest ``WINDOW`` per key are all the fit reads, so a suffix of the log gives the
     same fit as the whole log when it holds them)."""
 
-    __slots__ = ("points", "counts", "last_key", "_fits")
+    __slots__ = ("points", "counts", "last_key", "version", "_fits")
 
     def __init__(self) -> None:
         self.points: dict[Key, deque[tuple[int, int]]] = {}
         self.counts: dict[Key, int] = {}
         #: The key of the newest report: the model in use when a request does not name one.
         self.last_key: Key | None = None
+        #: Counts the reports folded: a fit (or a budget made from one) is good while this is unchanged.
+        self.version = 0
         #: Fits made since the last report (a request asks for one; the fit reads up to WINDOW^2 pairs).
         self._fits: dict[Key, tuple[Fit, Key]] = {}
 
     def apply(self, data: Mapping[str, Any]) -> None:
         key: Key = (data.get("provider"), data.get("model"))
         self.last_key = key
+        self.version += 1
         self._fits.clear()
         reported = request_tokens(data)
         estimated = data.get("estimated_tokens")

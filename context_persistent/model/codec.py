@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import time
 import zlib
 from datetime import datetime, timezone
@@ -94,13 +95,23 @@ def check_depth(value: Any, encoded: bytes, limit: int = MAX_DEPTH) -> None:
             stack.extend((x, depth + 1) for x in (v.values() if t is dict else v))
 
 
+#: Types that hold no float: skipped without a call (a record's data is mostly these, and its ``null``s send
+#: every ``dumps`` of it through this walk).
+_NO_FLOAT = frozenset({str, int, bool, type(None)})
+
+
 def _has_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_non_finite(v) for v in value)
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return False
+    for v in items:
+        if type(v) not in _NO_FLOAT and _has_non_finite(v):
+            return True
     return False
 
 
@@ -131,13 +142,31 @@ def crc_of(line: bytes) -> bytes:
     return line[-11:-3]
 
 
+#: Records that hold messages, which an erasure may replace by a tombstone keeping their CRC (the next record's
+#: ``prev`` names it): each gets a random ``salt`` so that the CRC tells nothing about the erased bytes.
+SALTED = frozenset({"message_added", "messages_replaced", "system_prompt_set", "expired"})
+SALT_CHARS = 48
+_SALT_BYTES = [format(b, "08b").encode().translate(bytes.maketrans(b"01", b"ac")) for b in range(256)]
+
+
+def salt() -> bytes:
+    """48 random characters, each ``a`` or ``c``: 48 random bits that CRC-32, affine over GF(2), spreads over all
+    its 2**32 values (the same positions solve any CRC in the tombstone's pad), so a record's CRC is uniformly
+    random whatever its other bytes are: erased, it confirms no guess of them (docs/format.md, "Erasure
+    tombstones")."""
+    return b"".join([_SALT_BYTES[b] for b in secrets.token_bytes(SALT_CHARS // 8)])
+
+
 def encode(seq: int, type_: str, data_json: bytes, ts: str | None = None, prev: bytes = b"") -> bytes:
     """One record line (with its trailing newline) from already-encoded ``data`` JSON bytes.
 
-    ``prev``: the ``crc`` of the record before it (:func:`crc_of`), or :func:`root_crc` for seq 1."""
+    ``prev``: the ``crc`` of the record before it (:func:`crc_of`), or :func:`root_crc` for seq 1. A record
+    holding messages (``SALTED``) ends with a random ``salt`` (:func:`salt`)."""
     body = b'{"v":%d,"seq":%d,"prev":"%s","ts":"%s","type":"%s","data":%s' % (
         FORMAT_VERSION, seq, prev, (ts or now_iso()).encode(), type_.encode(), data_json,
     )
+    if type_ in SALTED:
+        body += b',"salt":"%s"' % salt()
     crc = zlib.crc32(b"}", zlib.crc32(body))
     return b'%s,"crc":"%08x"}\n' % (body, crc)
 

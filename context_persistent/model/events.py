@@ -25,17 +25,26 @@ SYSTEM_PROMPT_SET: Final = "system_prompt_set"
 ERASED: Final = "erased"
 EXPIRED: Final = "expired"
 USAGE_REPORTED: Final = "usage_reported"
+#: A LangGraph checkpoint and a task's pending writes (integrations/langgraph.py): kept for the saver, no view.
+GRAPH_CHECKPOINT: Final = "graph_checkpoint"
+GRAPH_WRITES: Final = "graph_writes"
+HOST_LINKED: Final = "host_linked"
+TRANSCRIPT_EDITED: Final = "transcript_edited"
 
 EVENT_TYPES: Final = frozenset(
     {SESSION_STARTED, MESSAGE_ADDED, MESSAGES_REPLACED, CLEARED, TRANSCRIPT_IGNORED, PINNED, UNPINNED, REDACTED,
      REPLAY_RECOGNISED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED, SYSTEM_PROMPT_SET, ERASED, EXPIRED,
-     USAGE_REPORTED}
+     USAGE_REPORTED, GRAPH_CHECKPOINT, GRAPH_WRITES, HOST_LINKED, TRANSCRIPT_EDITED}
 )
 #: Audit events: recorded for operators, they change no view (``usage_reported``: what a provider reported for a
-#: request, model/usage.py). (``replay_recognised`` changes the views when
-#: it names the repeated messages' ``keys``; written without them by older versions, it is audit only.)
+#: request, model/usage.py; ``host_linked``: the host's session folder this session belongs to, which retention's
+#: ``follow_host`` follows; ``transcript_edited``: the host offered an edited transcript, warned about once).
+#: (``replay_recognised`` changes the views when it names the repeated messages' ``keys``; written without them
+#: by older versions, it is audit only.)
 AUDIT_EVENTS: Final = frozenset({SESSION_STARTED, TRANSCRIPT_IGNORED, LOG_REPAIRED, COMPACTED, SEMANTIC_REPAIRED,
-                                 USAGE_REPORTED})
+                                 USAGE_REPORTED, GRAPH_CHECKPOINT, GRAPH_WRITES, HOST_LINKED, TRANSCRIPT_EDITED})
+#: Events a host writes for its own state (``store.host_events``): they change no view.
+HOST_EVENTS: Final = frozenset({GRAPH_CHECKPOINT, GRAPH_WRITES})
 
 _SHALLOW: Final = 2 * MAX_DEPTH
 

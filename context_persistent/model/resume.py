@@ -10,18 +10,25 @@
   a call of the history that has no result, or an assistant message without calls right after a tool result
   (the reply closing an interrupted turn). It is stored as a replacement.
 - anything else is neither: ignored and audited (a stale transcript must not undo a clear or a redaction).
+  Among those, an *edited transcript* (:func:`transcript_edits`: messages of the history left out of it, or
+  changed in it, between messages it shares with the history) is what a user editing ``transcript.jsonl``
+  produces; the store warns about it once per session.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
+import orjson
+
 from .grouping import result_key, tool_calls_of
-from .replay import TRANSCRIPT_SKIPS, same_message
+from .replay import TRANSCRIPT_SKIPS, normalise, same_message
 
 FILTERED = "filtered_transcript"
 REPAIR = "host_repair"
 OTHER = "not_recognised"
+EDITED = "edited_transcript"
 
 
 def _conversation(messages: Any) -> list[dict[str, Any]]:
@@ -55,7 +62,10 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
         if key:
             answered.add(key)
     orphans = calls - answered
+    results = [m for m in history if m.get("role") == "tool"]
     out: list[dict[str, Any]] = []
+    left_out: list[dict[str, Any]] = []  # results of the history not at their place...
+    moved: list[dict[str, Any]] = []  # ...and results of the history the repair put elsewhere: the same lists
     changed = False
     j = 0
 
@@ -65,6 +75,9 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
             key = result_key(m)
             if key in orphans:  # a result for a call of the history that has none (each call once)
                 orphans.discard(key)  # type: ignore[arg-type]
+                return True
+            if any(m == r for r in results) and sum(m == r for r in moved) < sum(m == r for r in results):
+                moved.append(m)  # a result of the history, moved by the repair
                 return True
             return False
         # the repair's reply closing an interrupted turn: right after a tool result, making no calls
@@ -79,7 +92,8 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
             out.append(h)
             j += 1
         elif h.get("role") == "tool":
-            changed = True  # a result the repair moved or dropped
+            changed = True  # a result the repair moved (checked below: a dropped one is no repair)
+            left_out.append(h)
         else:
             return None
     while j < len(offered):
@@ -88,7 +102,22 @@ def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, 
         out.append(offered[j])
         j += 1
         changed = True
+    if not _same_items(left_out, moved):  # a result left out and not put elsewhere would leave every view
+        return None
     return out if changed else None
+
+
+def _same_items(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether ``a`` and ``b`` hold the same messages, each as often, in any order."""
+    rest = list(b)
+    for m in a:
+        for i, r in enumerate(rest):
+            if r == m:
+                del rest[i]
+                break
+        else:
+            return False
+    return not rest
 
 
 def classify(history: Any, offered: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]] | None]:
@@ -99,3 +128,64 @@ def classify(history: Any, offered: list[dict[str, Any]]) -> tuple[str, list[dic
     if merged is not None:
         return REPAIR, merged
     return OTHER, None
+
+
+def _canonical(message: dict[str, Any]) -> bytes:
+    """A message's normal form as bytes (key order aside): equal for messages :func:`same_message` equates."""
+    return orjson.dumps(normalise(message), option=orjson.OPT_SORT_KEYS)
+
+
+def transcript_edits(history: Any, offered: list[dict[str, Any]]) -> dict[str, list[int]] | None:
+    """How ``offered`` (neither a filtered transcript nor a repair of ``history``) shows an edit of the host's
+    transcript, or None when it does not.
+
+    The conversations are aligned in order (each offered message matched to the next equal one of the history):
+    ``removed`` are history messages skipped before a match (left out of the transcript, not merely not saved
+    yet), ``changed`` are history messages whose place an unmatched offered message of the same role takes,
+    between two matches or after the last one. Offered messages with no counterpart (a copy taken before a
+    redaction, an erasure or a clear) and history messages after the last match (the transcript behind the
+    log) are no edit. Without any match the transcript shares nothing with the history: no edit is claimed.
+    Indices are positions in ``history`` (system and developer messages included); one pass, each message
+    normalised once.
+    """
+    positions: dict[bytes, list[int]] = {}
+    conversation: list[int] = []  # history index of each conversation message
+    for i, m in enumerate(history):
+        if m.get("role") not in TRANSCRIPT_SKIPS:
+            positions.setdefault(_canonical(m), []).append(len(conversation))
+            conversation.append(i)
+    theirs = _conversation(offered)
+    removed: list[int] = []
+    changed: list[int] = []
+    matched = False
+    pos = 0  # the next conversation position a match may take
+    extra: list[dict[str, Any]] = []  # offered messages since the last match with no counterpart
+
+    def settle(gap: range) -> list[int]:
+        """Pair the offered messages with no counterpart with the history's skipped ones (same role: changed);
+        returns the skipped ones left unpaired."""
+        skipped = list(gap)
+        for m in extra:
+            k = next((x for x in skipped if history[conversation[x]].get("role") == m.get("role")), None)
+            if k is not None:
+                skipped.remove(k)
+                changed.append(conversation[k])
+        extra.clear()
+        return skipped
+
+    for m in theirs:
+        found = positions.get(_canonical(m))
+        at = bisect_left(found, pos) if found else 0
+        if not found or at == len(found):
+            extra.append(m)
+            continue
+        k = found[at]
+        removed.extend(conversation[x] for x in settle(range(pos, k)))
+        pos = k + 1
+        matched = True
+    if not matched:
+        return None
+    settle(range(pos, len(conversation)))  # (what stays unpaired there is the log ahead of the transcript)
+    if not removed and not changed:
+        return None
+    return {"removed": sorted(removed), "changed": sorted(changed)}

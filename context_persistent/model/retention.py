@@ -18,9 +18,10 @@ from typing import Any
 from ..errors import LedgerError
 
 #: The keys a ``retention`` configuration takes (docs/configuration.md).
-POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "max_segments", "grace_days", "apply_on_open")
+POLICY_KEYS = ("max_age_days", "max_bytes", "max_sessions", "max_segments", "grace_days", "apply_on_open",
+               "follow_host")
 #: The rules, in the order they are checked (a session selected by several is reported under the first).
-RULES = ("max_age_days", "max_sessions", "max_bytes")
+RULES = ("follow_host", "max_age_days", "max_sessions", "max_bytes")
 #: The rules over the sealed segments of a kept session, in the order they are checked.
 SEGMENT_RULES = ("max_age_days", "max_segments")
 DEFAULT_GRACE_DAYS = 7.0
@@ -51,10 +52,12 @@ class RetentionPolicy:
     """What expires: sessions idle longer than ``max_age_days``; beyond the newest ``max_sessions``; the
     oldest while the store holds more than ``max_bytes``. Of a kept session's sealed log segments: those whose
     last record is older than ``max_age_days``, and the oldest beyond the newest ``max_segments`` (the active
-    segment never). ``None`` means no limit of that kind. Expired
+    segment never). ``follow_host``: sessions linked to a host's session folder (an Amplifier CLI session) whose
+    folder the host deleted. ``None`` means no limit of that kind. Expired
     sessions stay in the trash ``grace_days`` before ``trash purge`` may delete them; ``apply_on_open``
     applies the policy whenever a store is opened."""
 
+    follow_host: bool = False
     max_age_days: float | None = None
     max_bytes: int | None = None
     max_sessions: int | None = None
@@ -76,9 +79,11 @@ class RetentionPolicy:
                              f"{', '.join(POLICY_KEYS)}")
         grace = _number(config, "grace_days", integer=False, minimum=0)
         apply_on_open = config.get("apply_on_open", False)
-        if not isinstance(apply_on_open, bool):
-            raise ValueError(f"retention.apply_on_open must be true or false, got {apply_on_open!r}")
-        policy = cls(max_age_days=_number(config, "max_age_days", integer=False, minimum=0),
+        follow_host = config.get("follow_host", False)
+        for key, flag in (("apply_on_open", apply_on_open), ("follow_host", follow_host)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"retention.{key} must be true or false, got {flag!r}")
+        policy = cls(follow_host=follow_host, max_age_days=_number(config, "max_age_days", integer=False, minimum=0),
                      max_bytes=_number(config, "max_bytes", integer=True, minimum=0),
                      max_sessions=_number(config, "max_sessions", integer=True, minimum=0),
                      max_segments=_number(config, "max_segments", integer=True, minimum=0),
@@ -86,12 +91,13 @@ class RetentionPolicy:
                      apply_on_open=apply_on_open)
         if apply_on_open and not policy.limits():
             raise ValueError("retention.apply_on_open is true but no limit is set: give at least one of "
-                             "max_age_days, max_bytes, max_sessions, max_segments")
+                             "follow_host, max_age_days, max_bytes, max_sessions, max_segments")
         return policy
 
     def limits(self) -> dict[str, Any]:
-        """The limits that are set, by rule name (session and segment rules)."""
-        return {rule: getattr(self, rule) for rule in (*RULES, "max_segments") if getattr(self, rule) is not None}
+        """The limits that are set, by rule name (session and segment rules; ``follow_host`` when true)."""
+        return {rule: getattr(self, rule) for rule in (*RULES, "max_segments")
+                if getattr(self, rule) is not None and getattr(self, rule) is not False}
 
     def segment_limits(self) -> dict[str, Any]:
         """The limits that apply to sealed segments, by rule name."""
@@ -99,19 +105,21 @@ class RetentionPolicy:
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as recorded in the ledger (every key, ``None`` for no limit)."""
-        return {"max_age_days": self.max_age_days, "max_bytes": self.max_bytes, "max_sessions": self.max_sessions,
+        return {"follow_host": self.follow_host, "max_age_days": self.max_age_days, "max_bytes": self.max_bytes, "max_sessions": self.max_sessions,
                 "max_segments": self.max_segments, "grace_days": self.grace_days, "apply_on_open": self.apply_on_open}
 
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session as a policy sees it: when it was last written (the time of its last record), its size in
-    bytes, and whether a writer holds it right now (``live``: never trashed)."""
+    bytes, and whether a writer holds it right now (``live``: never trashed). ``host_gone``: for a session
+    linked to a host's session folder that the host deleted, a sentence saying so (``follow_host``); else None."""
 
     session_id: str
     last_activity: datetime
     bytes: int
     live: bool = False
+    host_gone: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +228,7 @@ def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
     """Which of ``sessions`` the policy expires at ``now`` and why.
 
     Rules, each over the sessions no earlier rule selected, oldest last activity first (ties by id):
-    ``max_age_days``: last activity more than that many days before ``now``; ``max_sessions``: every session
+    ``follow_host``: the host deleted the session's folder (``SessionInfo.host_gone``); ``max_age_days``: last activity more than that many days before ``now``; ``max_sessions``: every session
     beyond the newest N; ``max_bytes``: the oldest, until the total of the rest is within the limit. A live
     session a rule selects is listed in ``live`` and still counts as selected (the rule does not pick a newer
     session in its place: it is considered again at the next apply). Sessions in ``exclude`` (the one being
@@ -233,10 +241,14 @@ def plan(policy: RetentionPolicy, sessions: list[SessionInfo], now: datetime,
     out = Plan(now=now, policy=policy)
     ordered = sorted(sessions, key=lambda s: (s.last_activity, s.session_id))
     chosen: dict[str, tuple[str, str]] = {}
+    if policy.follow_host:
+        for s in ordered:
+            if s.session_id not in exclude and s.host_gone is not None:
+                chosen[s.session_id] = ("follow_host", s.host_gone)
     if policy.max_age_days is not None:
         for s in ordered:
             age = _age_days(now, s.last_activity)
-            if s.session_id not in exclude and age > policy.max_age_days:
+            if s.session_id not in exclude and s.session_id not in chosen and age > policy.max_age_days:
                 chosen[s.session_id] = ("max_age_days", f"last activity {s.last_activity.isoformat()} is "
                                         f"{age:.1f} days old; max_age_days is {policy.max_age_days:g}")
     if policy.max_sessions is not None:

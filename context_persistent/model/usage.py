@@ -9,8 +9,11 @@ records (its ledger starts empty; the parent's reports stay the parent's).
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -35,11 +38,89 @@ SPELLINGS: Final = {
 GROUPS: Final = ("session", "day", "model")
 
 
+#: ``name=`` where a field of a usage text may start: at the start, or after spaces or a comma.
+_FIELD = re.compile(r"(?:^|[\s,]+)([A-Za-z_][A-Za-z0-9_]*)=")
+_DECIMAL = re.compile(r"""Decimal\((['"])([^'"]*)\1\)""")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+#: Far more than any usage text a host sends: a longer one, or one with more fields, is refused unparsed.
+MAX_USAGE_TEXT = 16_384
+MAX_USAGE_FIELDS = 100
+_CLOSERS = {"'": "'", '"': '"', "[": "]", "{": "}", "(": ")"}
+
+
+def _literal(text: str) -> tuple[bool, Any]:
+    """(parsed, value) of one field's value as Python prints it: None, True/False, a number, a quoted string,
+    ``Decimal('0.01')``, nan/inf, or a list/dict of literals."""
+    text = text.strip()
+    if text in _NON_FINITE:
+        return True, _NON_FINITE[text]
+    m = _DECIMAL.fullmatch(text)
+    if m:
+        try:
+            return True, Decimal(m.group(2))
+        except ArithmeticError:
+            return False, None
+    try:
+        return True, ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def parse_usage_text(text: str) -> dict[str, Any]:
+    """A usage report given as text: the ``str()`` of a pydantic model (``'input_tokens=876 output_tokens=28
+    reasoning_tokens=None cost_usd=Decimal('0.01')'``, as amplifier-core 2.0.2's hook registry hands
+    ``provider:response`` handlers the ``Usage``), its ``repr()`` (``Usage(input_tokens=876, ...)``) or a JSON
+    object. A value Python's printing cannot be read back from (``<object at 0x...>``) is kept as its text, so
+    a token field holding one is refused by the checks that follow; ValueError for text that is not fields."""
+    s = text.strip()
+    if len(s) > MAX_USAGE_TEXT:
+        raise ValueError(f"usage text is {len(s):,} characters; a report is at most {MAX_USAGE_TEXT:,}")
+    if s.startswith("{"):
+        try:
+            doc = json.loads(s)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc
+    wrapped = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\((.*)\)", s, re.S)
+    if wrapped:
+        s = wrapped.group(1).strip()
+    found = list(_FIELD.finditer(s))
+    if not found or found[0].start() != 0:
+        raise ValueError(f"usage text must be name=value fields (as 'input_tokens=876 output_tokens=28 "
+                         f"cost_usd=None'), got {text[:80]!r}")
+    if len(found) > MAX_USAGE_FIELDS:
+        raise ValueError(f"usage text has {len(found)} name=value fields; a report has at most {MAX_USAGE_FIELDS}")
+    ends = [f.start() for f in found[1:]] + [len(s)]
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(found):
+        start = found[i].end()
+        value: Any = s[start:ends[i]].strip()
+        j = i + 1
+        closer = _CLOSERS.get(value[:1])
+        # A quoted or bracketed value may hold ' name=': it ends at the first later field boundary where it
+        # closes and reads back. Any other value ends at the next field.
+        for k in range(i, len(found) if closer else i + 1):
+            piece = s[start:ends[k]].strip()
+            if closer and not piece.endswith(closer):
+                continue
+            ok, parsed = _literal(piece)
+            if ok:
+                value, j = parsed, k + 1
+                break
+        out[found[i].group(1)] = value  # (what does not read back stays text: checked as such below)
+        i = j
+    return out
+
+
 def as_mapping(usage: Any) -> Mapping[str, Any]:
-    """A report as a mapping: a Mapping as it is, a pydantic model by ``model_dump()``, another object by its
-    attributes. TypeError for anything else."""
+    """A report as a mapping: a Mapping as it is, a text by :func:`parse_usage_text`, a pydantic model by
+    ``model_dump()``, another object by its attributes. TypeError for anything else."""
     if isinstance(usage, Mapping):
         return usage
+    if isinstance(usage, str):
+        return parse_usage_text(usage)
     dump = getattr(usage, "model_dump", None)
     if callable(dump):
         dumped = dump()
@@ -84,9 +165,17 @@ def usage_data(usage: Any, *, provider: str | None = None, model: str | None = N
         raise ValueError(f"source must be one of {', '.join(SOURCES)}; got {source!r}")
     m = as_mapping(usage)
     data: dict[str, Any] = {"provider": _text("provider", provider), "model": _text("model", model or m.get("model"))}
+    reported = False
     for name, spellings in SPELLINGS.items():
-        data[name] = _count(name, next((m[s] for s in spellings if m.get(s) is not None), None))
-    if all(data[n] is None for n in TOKEN_FIELDS):
+        value = None
+        for spelling in spellings:
+            value = m.get(spelling)
+            if value is not None:
+                break
+        # (a plain non-negative int, the usual case, needs no checks: this runs on every provider response)
+        data[name] = value if type(value) is int and value >= 0 else _count(name, value)
+        reported = reported or value is not None
+    if not reported:
         raise ValueError(f"usage reports no tokens: none of {', '.join(s for v in SPELLINGS.values() for s in v)} "
                          f"in {sorted(m)!r}")
     cost = m.get("cost_usd")
@@ -101,8 +190,8 @@ def usage_data(usage: Any, *, provider: str | None = None, model: str | None = N
             raise ValueError(f"usage cost_usd must be a non-negative number or None, got {cost!r}")
         cost = float(cost)
     data["cost_usd"] = cost
-    for name, value in (("request_seq", request_seq), ("estimated_tokens", estimated_tokens)):
-        data[name] = _count(name, value)
+    data["request_seq"] = _count("request_seq", request_seq)
+    data["estimated_tokens"] = _count("estimated_tokens", estimated_tokens)
     data["source"] = source
     data["id"] = _text("id", id)
     if input_includes_cache is not None and not isinstance(input_includes_cache, bool):

@@ -33,7 +33,9 @@ from ..storage.segment_store import _step
 from .erasure_receipt import RECEIPT_VERSION, _receipt, check_receipt, check_receipt_postgres, check_receipt_shape
 from .erasure_scrub import (TMP_SUFFIX, _rewrite_trash_file, _scan_trash_file, _scrub_export, _scrub_side_file,
                             _trash_changes, clean_leftovers, escaped, export_paths, side_paths, trash_files)
-from .tombstones import _copies, _scan_file, _scan_segmented, erased_data, find_target, message_slots, sha256, tombstone
+from .copies import not_covered
+from .tombstones import (_copies, _scan_file, _scan_segmented, erased_data, find_target, keyed, message_slots,
+                         sha256, tombstone)
 
 
 # -- the file log ---------------------------------------------------------------------------------------
@@ -54,6 +56,10 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         def records() -> Any:
             return _scan_file(path, size)
     boundary = log.manifest.boundary if log.manifest is not None else None
+    key = os.urandom(32)  # the tombstones' HMAC key: only the receipt holds it (tombstones.keyed)
+    # Leftovers of killed steps first (copies.py): a half-purged trash entry may be the only copy left.
+    keep = frozenset(p["tmp"] for p in log.manifest.pending if "tmp" in p) if log.manifest is not None else frozenset()
+    removed = clean_leftovers(directory, session_id=log.session_id, keep=keep)
     trashed = trash_files(directory.parent, log.session_id)
     try:
         message = find_target((r for r, *_ in records()), seq, index)
@@ -65,22 +71,25 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         except ValueError as e:
             if "already erased" in str(e):
                 raise
+            sides = [q.name for q in side_paths(directory) + export_paths(directory)]
             raise ValueError(f"seq {seq} expired with the oldest log segments (seqs 1..{boundary.last_seq}) and no "
-                             "expired record carries it nor any trash entry holds it (purged): nothing stored holds "
-                             "its bytes") from None
+                             "expired record carries it nor any trash entry holds it (purged): no record holds its "
+                             "bytes" + (f"; the side files and compaction exports {', '.join(sides)} may hold copies "
+                                        "that erase cannot name without the record: delete them if they may"
+                                        if sides else "")) from None
     needle = codec.dumps(message)
-    digest = sha256(needle)
+    digest = keyed(key, needle)  # (side files and exports get a marker naming it: never an unsalted hash)
     when = codec.now_iso()
-    trash_changes = [(p, c) for p in trashed if (c := _trash_changes(p, needle, reason, when))]
+    trash_changes = [(p, c) for p in trashed if (c := _trash_changes(p, needle, reason, when, key))]
     # 1. every record holding a copy, and its tombstone
     changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]] = []
     for rec, start, end, raw in records():
         hits = _copies(rec, needle)
         if hits:
-            line = tombstone(rec, erased_data(rec, hits, reason, when))
+            line = tombstone(rec, erased_data(rec, hits, reason, when, key))
             changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
-    receipt = _receipt(store, message, needle, seq, index, reason, when)
-    receipt["removed_temp_files"] = clean_leftovers(directory) + [
+    receipt = _receipt(store, message, needle, seq, index, reason, when, key)
+    receipt["removed_temp_files"] = removed + [
         f"{folder.name}/{name}" for folder in sorted({p.parent for p in trashed})
         for name in clean_leftovers(folder, trash=True)]
     receipt["records"] = [{"seq": rec["seq"], "type": rec["type"], "indices": hits, "offset": start,
@@ -105,7 +114,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
             receipt["side_files"].append({"where": str(p), "copies": n, "action": "rewritten"})
     receipt["exports"] = []
     for p in export_paths(directory):
-        n = _scrub_export(p, needle)
+        n = _scrub_export(p, needle, digest)
         if n:
             receipt["exports"].append({"where": str(p), "lines": n, "action": "rewritten"})
     # 4. expired segments in the trash (segment retention): rewritten with the tombstones, like the log
@@ -121,6 +130,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         receipt["log"] = (_erase_in_segments(log, changes) if changes else  # (only the trash held a copy)
                           {"where": str(directory), "rewritten": [], "bytes_before": log.position,
                            "bytes_after": log.position})
+        receipt["not_covered"] = not_covered("file")
         return receipt
     # 5. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
@@ -139,6 +149,7 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     new_size = os.stat(tmp).st_size
     log.swap_in(tmp, new_size)
     receipt["log"] = {"where": str(path), "bytes_before": size, "bytes_after": new_size}
+    receipt["not_covered"] = not_covered("file")
     return receipt
 
 
@@ -202,10 +213,16 @@ def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------------
-async def erase_postgres(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
+async def erase_postgres(store: Any, seq: int, index: int, reason: str, vacuum: bool | str = False
+                         ) -> dict[str, Any]:
     """Erase from a PostgreSQL session: every row holding a copy is updated and the checkpoint row deleted, in
     one transaction. Returns the receipt. The rows are read a batch at a time (the record at ``seq``, then one
-    pass looking for copies): only the tombstones are held, never the history."""
+    pass looking for copies): only the tombstones are held, never the history.
+
+    The old row versions stay in the tables' pages until a VACUUM: ``vacuum=True`` runs ``VACUUM`` on the
+    events and checkpoints tables afterwards, ``vacuum="full"`` ``VACUUM FULL`` (it rewrites the tables,
+    holding an exclusive lock on them: every session's appends wait). The receipt says what remains
+    (``not_covered``; docs/operations.md, "Erasure")."""
     log = store._log
     message = None
     async for batch in log.read_batches(max(0, seq - 1)):
@@ -215,22 +232,34 @@ async def erase_postgres(store: Any, seq: int, index: int, reason: str) -> dict[
         raise ValueError(f"seq {seq} is not in this session's log")
     needle = codec.dumps(message)
     when = codec.now_iso()
+    key = os.urandom(32)
     updates: dict[int, bytes] = {}
     listed = []
     async for batch in log.read_batches(0):
         for rec in batch:
             hits = _copies(rec, needle)
             if hits:
-                updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when))
+                updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when, key))
                 listed.append({"seq": rec["seq"], "type": rec["type"], "indices": hits, "row": rec["seq"]})
     had_cp = await log.replace_records(updates)
-    receipt = _receipt(store, message, needle, seq, index, reason, when)
+    receipt = _receipt(store, message, needle, seq, index, reason, when, key)
     receipt["records"] = listed
     receipt["checkpoints"] = ([{"where": f"{log.schema}.checkpoints", "action": "deleted"}] if had_cp else [])
     receipt["side_files"] = []
     receipt["exports"] = []
     receipt["trash"] = []  # (segment expiry is a file-backend feature: nothing of a session is trashed in part)
     receipt["log"] = {"where": str(log.path)}
+    receipt["not_covered"] = not_covered("postgres")
+    if vacuum:
+        from ..storage.pg.vacuum import vacuum_tables
+
+        full = vacuum == "full"
+        receipt["vacuum"] = await vacuum_tables(log, full)
+        receipt["not_covered"] = [n for n in receipt["not_covered"] if n["what"] != "dead row versions"]
+        if not full:
+            receipt["not_covered"].insert(0, {"what": "free space in the tables' pages", "why": (
+                "VACUUM removed the old row versions; the space they took is free but may still hold their bytes "
+                "until new rows overwrite it (vacuum=\"full\" rewrites the tables)")})
     return receipt
 
 

@@ -1,12 +1,21 @@
 """The erasure receipt (erasure.py): what ``erase`` hands out (``_receipt``), and the checks of a receipt
-against a session's files or rows: the erased bytes (by SHA-256 and length, as is and escaped in a JSON string)
-must be nowhere, and the log must hold the listed tombstones."""
+against a session's files or rows: the erased bytes (recognised by their keyed digest and length, as is and
+escaped in a JSON string, in every encoding the store writes: copies.py) must be nowhere, and the log must hold
+the listed tombstones.
+
+A receipt of version 2 holds the erase's HMAC key (``hmac_key``) and the keyed digests: the tombstones keep
+only the keyed digest, so without the receipt nobody can test a guess of the erased bytes against them; the
+receipt itself can (that is what verifying it does): keep it as you keep the data it is about. Receipts of
+version 1 (an unsalted SHA-256) are still checked."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +23,17 @@ from ..model import codec
 from ..model import events as ev
 from ..model.projection import make_key
 from ..storage.paths import LOG_NAME
+from .copies import purging_entries, stale_session_temps, views
 from .erasure_scrub import _read_trash_file, _scan_trash_file, escaped, trash_files
-from .tombstones import _scan_file, sha256
+from .tombstones import _scan_file, keyed
 
-RECEIPT_VERSION = 1
+RECEIPT_VERSION = 2
+_VERSIONS = (1, 2)
 
 
 def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index: int, reason: str,
-             when: str) -> dict[str, Any]:
+             when: str, key: bytes) -> dict[str, Any]:
+    esc = escaped(needle)
     return {
         "receipt": RECEIPT_VERSION,
         "session_id": store.session_id,
@@ -29,25 +41,40 @@ def _receipt(store: Any, message: dict[str, Any], needle: bytes, seq: int, index
         "erased_at": when,
         "reason": reason,
         "message": {"seq": seq, "index": index, "key": make_key(seq, index), "role": message.get("role"),
-                    "sha256": sha256(needle), "bytes": len(needle),
-                    "escaped": {"sha256": sha256(escaped(needle)), "bytes": len(escaped(needle))}},
+                    "hmac_key": base64.b64encode(key).decode(), "hmac": keyed(key, needle), "bytes": len(needle),
+                    "escaped": {"hmac": keyed(key, esc), "bytes": len(esc)}},
         "snapshots": ("not chased: the store keeps no list of the snapshots exported with export() or the CLI; "
                       "any made before this erasure still hold the message"),
     }
 
 
 # -- checking a receipt ---------------------------------------------------------------------------------
-def _find_in(data: Any, digest: str, length: int) -> list[int]:
-    """Offsets where ``length`` bytes hashing to ``digest`` start (candidates: every ``{``)."""
-    want = digest.split(":", 1)[1]
+def _find_in(data: Any, digest: Callable[[bytes], bool], length: int) -> list[int]:
+    """Offsets where ``length`` bytes that ``digest`` recognises start (candidates: every ``{``)."""
     found = []
     pos = data.find(b"{")
     n = len(data)
     while 0 <= pos <= n - length:
-        if data[pos + length - 1:pos + length] == b"}" and hashlib.sha256(data[pos:pos + length]).hexdigest() == want:
+        if data[pos + length - 1:pos + length] == b"}" and digest(data[pos:pos + length]):
             found.append(pos)
         pos = data.find(b"{", pos + 1)
     return found
+
+
+def _matcher(msg: dict[str, Any], form: dict[str, Any]) -> Callable[[bytes], bool]:
+    """Whether bytes are the erased bytes of ``form`` (a receipt's ``message`` or its ``escaped`` part)."""
+    if "hmac" in form:
+        key = base64.b64decode(msg["hmac_key"])
+        want = form["hmac"]
+        return lambda b: hmac.compare_digest(keyed(key, b), want)
+    want = form["sha256"].split(":", 1)[1]
+    return lambda b: hashlib.sha256(b).hexdigest() == want
+
+
+def _tombstone_names(msg: dict[str, Any], entry: dict[str, Any]) -> bool:
+    if "hmac" in msg:
+        return bool(entry.get("hmac") == msg["hmac"])
+    return bool(entry.get("sha256") == msg["sha256"])
 
 
 def check_receipt_records(records: list[dict[str, Any]], receipt: dict[str, Any]) -> list[str]:
@@ -55,55 +82,62 @@ def check_receipt_records(records: list[dict[str, Any]], receipt: dict[str, Any]
     message's digest)."""
     problems = []
     by_seq = {r["seq"]: r for r in records}
-    digest = receipt["message"]["sha256"]
+    msg = receipt["message"]
     for item in receipt.get("records", []):
         rec = by_seq.get(item["seq"])
         if rec is None:
             problems.append(f"seq {item['seq']} is not in the log")
-        elif rec["type"] != ev.ERASED or not any(e.get("sha256") == digest for e in rec["data"].get("erased", [])):
+        elif rec["type"] != ev.ERASED or not any(_tombstone_names(msg, e) for e in rec["data"].get("erased", [])):
             problems.append(f"seq {item['seq']} is a {rec['type']} record, not the tombstone of the erased message")
     return problems
 
 
-def _forms(receipt: dict[str, Any]) -> list[tuple[str, int, str]]:
-    """``(sha256, length, how)`` of each form of the erased bytes a receipt names."""
+def _forms(receipt: dict[str, Any]) -> list[tuple[Callable[[bytes], bool], int, str]]:
+    """``(recogniser, length, how)`` of each form of the erased bytes a receipt names."""
     msg = receipt["message"]
-    out = [(msg["sha256"], msg["bytes"], "the erased bytes")]
+    out = [(_matcher(msg, msg), msg["bytes"], "the erased bytes")]
     esc = msg.get("escaped")
-    if isinstance(esc, dict) and isinstance(esc.get("sha256"), str) and isinstance(esc.get("bytes"), int):
+    if isinstance(esc, dict) and isinstance(esc.get("bytes"), int) and (
+            isinstance(esc.get("sha256"), str) or isinstance(esc.get("hmac"), str)):
         if esc["bytes"] != msg["bytes"]:  # (else the same bytes)
-            out.append((esc["sha256"], esc["bytes"], "the erased bytes (escaped in a JSON string)"))
+            out.append((_matcher(msg, esc), esc["bytes"], "the erased bytes (escaped in a JSON string)"))
+    return out
+
+
+def _search(data: Any, receipt: dict[str, Any], zstd: bool = False) -> list[str]:
+    """Where ``data`` holds the erased bytes, in any encoding the store writes (copies.views)."""
+    out = []
+    forms = _forms(receipt)
+    for encoding, view in views(bytes(data) if zstd else data, zstd):
+        for match, length, how in forms:
+            for at in _find_in(view, match, length):
+                out.append(f"{how} at offset {at}" + ("" if encoding == "raw" else f" ({encoding})"))
     return out
 
 
 def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
-    """Problems found checking an erasure receipt against a file session folder: every file in it is searched
-    for the erased bytes (by their SHA-256 and length, as is and escaped in a JSON string), and the log must
-    hold the listed tombstones."""
+    """Problems found checking an erasure receipt against a file session folder: every file in it, the session's
+    trash entries (half-purged ones too) and the stale fork and import temp folders of the storage are searched
+    for the erased bytes (by their keyed digest and length, as is and escaped in a JSON string, decompressed,
+    inside base64), and the log must hold the listed tombstones."""
     check_receipt_shape(receipt)
-    problems = []
+    problems: list[str] = []
+    sid = receipt.get("session_id") or directory.name
     for p in sorted(directory.iterdir()):
         if not p.is_file() or p.stat().st_size == 0:
             continue
         with open(p, "rb") as f:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                for digest, length, how in _forms(receipt):
-                    for at in _find_in(data, digest, length):
-                        problems.append(f"{p.name} holds {how} at offset {at}")
-    for p in sorted(directory.iterdir()):  # compressed sealed segments: searched decompressed
-        if p.is_file() and p.name.endswith(".jsonl.zst"):
-            from ..storage.segments import decompress_all
-
-            plain = decompress_all(p.read_bytes())
-            for digest, length, how in _forms(receipt):
-                for at in _find_in(plain, digest, length):
-                    problems.append(f"{p.name} holds {how} at offset {at} of its decompressed contents")
-    for p in trash_files(directory.parent, receipt.get("session_id") or directory.name):
-        plain = _read_trash_file(p)
-        for digest, length, how in _forms(receipt):
-            for at in _find_in(plain, digest, length):
-                problems.append(f"trash entry {p.parent.name}: {p.name} holds {how} at offset {at}"
-                                + (" of its decompressed contents" if p.name.endswith(".zst") else ""))
+                problems.extend(f"{p.name} holds {x}" for x in _search(data, receipt, p.name.endswith(".zst")))
+    # leftovers outside the folder that may hold copies: half-purged trash entries, fork and import temps
+    for folder in purging_entries(directory.parent, sid) + stale_session_temps(directory.parent):
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                problems.extend(f"{folder.name}/{p.relative_to(folder)} holds {x}"
+                                for x in _search(p.read_bytes(), receipt, p.name.endswith(".zst")))
+    for p in trash_files(directory.parent, sid):
+        problems.extend(f"trash entry {p.parent.name}: {p.name} holds {x}"
+                        for x in _search(p.read_bytes(), receipt, p.name.endswith(".zst")))
         listed = {r["seq"] for t in receipt.get("trash", []) if t.get("where") == str(p) for r in t["records"]}
         if listed:
             from ..errors import LogCorruptedError
@@ -133,24 +167,30 @@ def check_receipt(directory: Path, receipt: dict[str, Any]) -> list[str]:
 async def check_receipt_postgres(log: Any, receipt: dict[str, Any]) -> list[str]:
     """As :func:`check_receipt` for a PostgreSQL session: every row of its events and checkpoint."""
     check_receipt_shape(receipt)
-    problems = []
+    problems: list[str] = []
     records = []
     async for batch in log.read_batches(0):
         records.extend(batch)
     for seq, raw in await log.raw_rows():
-        for digest, length, how in _forms(receipt):
-            for at in _find_in(raw, digest, length):
-                where = "the checkpoint row" if seq == 0 else f"row seq {seq}"
-                problems.append(f"{where} holds {how} at offset {at}")
+        where = "the checkpoint row" if seq == 0 else f"row seq {seq}"
+        problems.extend(f"{where} holds {x}" for x in _search(raw, receipt))
     problems.extend(check_receipt_records(records, receipt))
     return problems
 
 
 def check_receipt_shape(receipt: Any) -> None:
     """ValueError unless ``receipt`` looks like a receipt written by ``erase``."""
-    msg = receipt.get("message") if isinstance(receipt, dict) else None
-    if (not isinstance(receipt, dict) or receipt.get("receipt") != RECEIPT_VERSION or not isinstance(msg, dict)
-            or not isinstance(msg.get("sha256"), str) or not msg["sha256"].startswith("sha256:")
-            or not isinstance(msg.get("bytes"), int) or msg["bytes"] < 2):
-        raise ValueError("not an erasure receipt (a JSON object with \"receipt\": 1 and \"message\": {\"sha256\", "
-                         "\"bytes\"}, as erase writes)")
+    msg: Any = receipt.get("message") if isinstance(receipt, dict) else None
+    ok = isinstance(receipt, dict) and receipt.get("receipt") in _VERSIONS and isinstance(msg, dict) and (
+        isinstance(msg.get("bytes"), int) and msg["bytes"] >= 2)
+    if ok and receipt["receipt"] == 1:
+        ok = isinstance(msg.get("sha256"), str) and msg["sha256"].startswith("sha256:")
+    elif ok:
+        try:
+            ok = (isinstance(msg.get("hmac"), str) and msg["hmac"].startswith("hmac-sha256:")
+                  and len(base64.b64decode(msg.get("hmac_key"), validate=True)) == 32)
+        except (TypeError, ValueError):
+            ok = False
+    if not ok:
+        raise ValueError("not an erasure receipt (a JSON object with \"receipt\": 2 and \"message\": {\"hmac\", "
+                         "\"hmac_key\", \"bytes\"}, as erase writes, or a version 1 receipt with \"sha256\")")

@@ -13,12 +13,9 @@ from typing import Any
 import orjson
 
 from ..model import codec
-from ..storage.paths import CHECKPOINT_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
-from .tombstones import _copies, erased_data, sha256, tombstone
+from ..storage.paths import create_private_file, fsync_dir, write_all
+from .tombstones import _copies, erased_data, tombstone
 
-#: Side files the store writes into a session folder (repair_report.py names the first two).
-SIDE_PREFIXES = (LOG_NAME + ".torn-", LOG_NAME + ".quarantine-")
-EXPORT_PREFIX = "compaction-"
 TMP_SUFFIX = ".erasing"
 #: Replaces a removed copy in a side file or export (the digest says what was removed, never the bytes).
 MARKER = b"[erased %s]"
@@ -42,21 +39,27 @@ def escaped(needle: bytes) -> bytes:
 
 
 def _scrub_side_file(path: Path, needle: bytes, digest: str) -> int:
-    """Replace every copy of ``needle`` (as is, or escaped inside a JSON string) in a side file by a marker;
-    returns how many there were."""
+    """Replace every copy of ``needle`` (as is, escaped inside a JSON string, or inside a base64 piece: a
+    quarantined piece that is not UTF-8) in a side file by a marker; returns how many there were."""
+    from .copies import scrub_base64
+
     data = path.read_bytes()
+    marker = MARKER % digest.encode()
+    forms = (needle, escaped(needle))
     n = 0
-    for form in (needle, escaped(needle)):
+    for form in forms:
         k = data.count(form)
         if k:
-            data = data.replace(form, MARKER % digest.encode())
+            data = data.replace(form, marker)
             n += k
+    data, k = scrub_base64(data, forms, marker)
+    n += k
     if n:
         _atomic_write(path, data)
     return n
 
 
-def _scrub_export(path: Path, needle: bytes) -> int:
+def _scrub_export(path: Path, needle: bytes, digest: str) -> int:
     """Drop the message lines holding ``needle`` from a JSONL compaction export; fix its header (message count,
     body checksum, ``erased`` count). Returns the lines dropped."""
     data = path.read_bytes()
@@ -82,19 +85,30 @@ def _scrub_export(path: Path, needle: bytes) -> int:
     else:
         out = b"".join(kept)
     if out.find(needle) >= 0:  # the message inside a line we could not split: replace the bytes themselves
-        out = out.replace(needle, MARKER % sha256(needle).encode())
+        out = out.replace(needle, MARKER % digest.encode())
     _atomic_write(path, out)
     return dropped
 
 
+def _places(directory: Path, kinds: tuple[str, ...]) -> list[Path]:
+    from .copies import place_of
+
+    out = []
+    for p in directory.iterdir():
+        place = place_of(p.name)
+        if place is not None and place.kind in kinds and p.is_file():
+            out.append(p)
+    return sorted(out)
+
+
 def side_paths(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.startswith(SIDE_PREFIXES)
-                  and not p.name.endswith(TMP_SUFFIX))
+    """The torn-tail and quarantine side files of a session folder (copies.py)."""
+    return _places(directory, ("torn tail", "quarantine"))
 
 
 def export_paths(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.startswith(EXPORT_PREFIX)
-                  and not p.name.endswith(TMP_SUFFIX))
+    """The compaction exports in a session folder (copies.py)."""
+    return _places(directory, ("compaction export",))
 
 
 # -- expired segments in the trash ----------------------------------------------------------------------
@@ -144,14 +158,14 @@ def _scan_trash_file(path: Path) -> Any:
         start += len(line)
 
 
-def _trash_changes(path: Path, needle: bytes, reason: str, when: str
+def _trash_changes(path: Path, needle: bytes, reason: str, when: str, key: bytes
                    ) -> list[tuple[int, int, bytes, dict[str, Any], list[int]]]:
     """``(start, end, tombstone, record, indices)`` of each record of a trashed segment holding ``needle``."""
     out = []
     for rec, start, end, _ in _scan_trash_file(path):
         hits = _copies(rec, needle)
         if hits:
-            out.append((start, end, tombstone(rec, erased_data(rec, hits, reason, when)), rec, hits))
+            out.append((start, end, tombstone(rec, erased_data(rec, hits, reason, when, key)), rec, hits))
     return out
 
 
@@ -176,22 +190,22 @@ def _rewrite_trash_file(path: Path, changes: list[tuple[int, int, bytes, dict[st
     return True
 
 
-#: Temp files a killed writer, repair or checkpoint leaves behind: copies of the log or of the history, removed
-#: before an erase (the caller holds the writer lock, so none of those is running).
-STALE_TEMPS = (LOG_NAME + ".repair-tmp", CHECKPOINT_NAME + ".tmp")
+def clean_leftovers(directory: Path, trash: bool = False, session_id: str | None = None,
+                    keep: frozenset[str] = frozenset()) -> list[str]:
+    """Remove the leftovers that may hold copies (copies.py, the ``temp file`` and ``export temp file`` places,
+    stale fork and import temp folders, half-purged trash entries of the session); ``trash``: a trash entry's
+    folder (only ``*.erasing`` files). Returns the names removed."""
+    from .copies import remove_leftovers
 
-
-def clean_leftovers(directory: Path, trash: bool = False) -> list[str]:
-    """Remove temp files left behind by a killed erase (``*.erasing``: they never hold the erased message), a
-    killed repair or checkpoint write (they may hold a copy of it). Returns the names removed. ``trash``: a
-    trash entry's folder (only ``*.erasing`` files)."""
+    if not trash:
+        return remove_leftovers(directory, session_id or directory.name, keep)
     gone = []
     try:
         items = list(directory.iterdir())
     except FileNotFoundError:
         return []
     for p in items:
-        if p.name.endswith(TMP_SUFFIX) or (p.name in STALE_TEMPS and not trash):
+        if p.name.endswith(TMP_SUFFIX):
             p.unlink(missing_ok=True)
             gone.append(p.name)
     return gone

@@ -45,7 +45,7 @@ from ..model import codec
 from ..storage.checkpoint import FileCheckpointStore
 from ..storage.log import FileLock, data_size
 from ..storage.paths import LOCK_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
-from ..storage.segment_store import recover
+from ..storage.segment_store import _step, recover
 from ..storage.segments import MANIFEST_NAME, LogReader
 from .checkpoint_check import _check_checkpoint
 from .log_walk import _after_expiry, _reader_lines, _Walk, check_segments
@@ -53,6 +53,9 @@ from .repair_report import QUARANTINE_PREFIX, REPAIRED, TORN_PREFIX, Gap, Proble
 from .verify import _log_path, side_files, verify, writer_pid
 
 _REPAIR_TMP = LOG_NAME + ".repair-tmp"
+#: The quarantine file is written under this name and renamed once complete (copies.py lists both: a killed
+#: repair's temp files are removed by the next erase).
+_QUARANTINE_TMP = LOG_NAME + ".repair-quarantine.tmp"
 _MAX_LISTED = 100  # quarantined pieces listed in the audit event (all are in the quarantine file)
 
 
@@ -105,13 +108,15 @@ def _quarantine_entry(problem: Problem, raw: bytes) -> bytes:
 def _write_quarantine(directory: Path, path: Path, size: int, bad: list[tuple[Problem, bytes]]) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     qpath = directory / f"{QUARANTINE_PREFIX}{stamp}-{os.urandom(3).hex()}"
-    out = _Writer(qpath)
+    out = _Writer(directory / _QUARANTINE_TMP)
     try:
         out(orjson.dumps({"quarantined_from": str(path), "at": codec.now_iso(), "original_size": size,
                           "pieces": len(bad)}) + b"\n")
         for problem, raw in bad:
             out(_quarantine_entry(problem, raw))
         out.finish()
+        _step("repair-quarantine-written")
+        os.replace(out.path, qpath)  # (a quarantine file is always whole: every piece in it decodes)
     except BaseException:
         out.abandon()
         raise
@@ -204,6 +209,7 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
         qpath = _write_quarantine(directory, path, size, walk.bad) if walk.bad else None
         out.finish()
         fsync_dir(directory)  # the quarantine file is durable before the log loses the bytes
+        _step("repair-log-written")
         os.replace(out.path, path)
         fsync_dir(directory)
     except BaseException:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import codec
+from .search import indexer as search_index
 from ..errors import LogCorruptedError
 from ..model.events import expired_of
 from ..storage.log import FileEventLog
@@ -169,6 +170,7 @@ async def expire(storage: Path, ledger: Any, session_id: str, picked: list[Segme
         _step("expire-recorded")
         make_private_dirs(Path(storage) / ".retention" / "trash")
         commit_and_move(log, storage, entry, codec.decode(line))
+        await search_index.reindex_changed(storage, session_id)  # (the expired messages leave the search index)
         return ledger_data
     finally:
         await log.close()

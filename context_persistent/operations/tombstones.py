@@ -5,6 +5,7 @@ the record holding a message (``find_target``) and the log's records read with t
 from __future__ import annotations
 
 import hashlib
+import hmac
 import zlib
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ PAD_CHARS = 48
 
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def keyed(key: bytes, data: bytes) -> str:
+    """The digest a tombstone keeps of an erased message: HMAC-SHA256 under the erase's own random key, which
+    only the receipt holds (docs/format.md, "Erasure tombstones": an unsalted hash of a short secret could be
+    reversed by guessing; without the key the tombstone confirms no guess)."""
+    return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 # -- the tombstone ------------------------------------------------------------------------------------
@@ -78,13 +86,13 @@ def tombstone(rec: dict[str, Any], data: dict[str, Any]) -> bytes:
 LIST_RECORDS = (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET)
 
 
-def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str) -> dict[str, Any]:
+def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str, key: bytes) -> dict[str, Any]:
     """The tombstone data for erasing the messages at ``indices`` of ``rec`` (a message record or a tombstone
-    of a ``messages_replaced`` record, erased again)."""
+    of a ``messages_replaced`` record, erased again); ``key``: the erase's HMAC key (:func:`keyed`)."""
     kind, data, seq = rec["type"], rec["data"], rec["seq"]
     expired = ev.expired_of(rec)
     if expired is not None:
-        return _erased_expired(rec, expired, indices, reason, when)
+        return _erased_expired(rec, expired, indices, reason, when, key)
     if kind == ev.ERASED:
         out = {k: v for k, v in data.items() if k != "pad"}
         out["messages"] = list(out["messages"])
@@ -98,8 +106,7 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
     for i in indices:
         m = messages[i]
         blob = codec.dumps(m)
-        out["erased"].append({"index": i, "key": make_key(seq, i), "role": m.get("role"), "sha256": sha256(blob),
-                              "bytes": len(blob)})
+        out["erased"].append({"index": i, "key": make_key(seq, i), "role": m.get("role"), "hmac": keyed(key, blob)})
         if kind != ev.MESSAGE_ADDED and "messages" in out:
             out["messages"][i] = None
     if kind == ev.ERASED:
@@ -109,7 +116,7 @@ def erased_data(rec: dict[str, Any], indices: list[int], reason: str, when: str)
 
 
 def _erased_expired(rec: dict[str, Any], expired: dict[str, Any], indices: list[int], reason: str,
-                    when: str) -> dict[str, Any]:
+                    when: str, key: bytes) -> dict[str, Any]:
     """The tombstone data for erasing the carried copies at ``indices`` of an ``expired`` record (or of its
     tombstone, erased again): the record's data is kept under ``expired``, each erased copy replaced by
     ``{key, message: null, role}`` (the role keeps the system-prompt rule's placeholder right)."""
@@ -123,8 +130,7 @@ def _erased_expired(rec: dict[str, Any], expired: dict[str, Any], indices: list[
     for i in indices:
         m = carried[i]["message"]
         blob = codec.dumps(m)
-        out["erased"].append({"index": i, "key": carried[i]["key"], "role": m.get("role"), "sha256": sha256(blob),
-                              "bytes": len(blob)})
+        out["erased"].append({"index": i, "key": carried[i]["key"], "role": m.get("role"), "hmac": keyed(key, blob)})
         carried[i] = {"key": carried[i]["key"], "message": None, "role": m.get("role")}
     out["expired"] = {**expired, "carried": carried}
     return out

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import codec
+from .search import indexer as search_index
 from ..errors import LedgerError, LogCorruptedError, SessionLockedError, SessionTrashedError
 from ..storage.log import FileEventLog, FileLock, data_end
 from ..storage.paths import LOCK_NAME, LOG_NAME, fsync_dir, make_private_dirs, validate_session_id
@@ -382,6 +383,7 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
         _rename(folder, trash_dir(storage) / name)
     finally:
         lock.release()
+    search_index.forget_removed(storage, sid)  # (its messages leave the search index with it)
     return data
 
 
@@ -390,17 +392,32 @@ def _now(now: datetime | None) -> datetime:
     return now if now is not None else datetime.now(timezone.utc)
 
 
-async def plan_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
-                    exclude: frozenset[str] = frozenset()) -> Plan:
-    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed): sessions, and
-    the sealed segments of kept ones (``Plan.segments``)."""
-    root = Path(storage)
+def _followed(root: Path, ledger: Ledger, policy: RetentionPolicy, host_home: Path | None) -> list[SessionInfo]:
+    """Every session, with what ``follow_host`` sees when the policy has it (host_follow.py)."""
     infos = sessions(root)
+    if not policy.follow_host:
+        return infos
+    from .host_follow import follow
+
+    return follow(root, infos, ledger.entries, host_home)
+
+
+async def plan_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
+                    exclude: frozenset[str] = frozenset(), host_home: Path | None = None) -> Plan:
+    """What ``policy`` would expire in a storage folder now (a dry run: nothing is changed): sessions, and
+    the sealed segments of kept ones (``Plan.segments``). ``host_home``: where ``follow_host`` looks for the
+    host's folders (host_follow.py)."""
+    root = Path(storage)
+    ledger = await Ledger.open(root, readonly=True)
+    try:
+        infos = _followed(root, ledger, policy, host_home)
+    finally:
+        await ledger.close()
     return plan(policy, infos, _now(now), exclude, _sealed_of(root, infos, policy))
 
 
 async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *, now: datetime | None = None,
-                     exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+                     exclude: frozenset[str] = frozenset(), host_home: Path | None = None) -> dict[str, Any]:
     """Apply ``policy`` to a storage folder: reconcile, plan, move each expired session that no writer holds
     to the trash (recorded first), then expire the selected sealed segments of kept sessions. Returns
     ``{plan, trashed, skipped, reconciled, segments_expired, segments_kept}``;
@@ -411,7 +428,7 @@ async def apply_file(storage: str | os.PathLike[str], policy: RetentionPolicy, *
     try:
         reconciled = await reconcile(ledger)
         when = _now(now)
-        infos = sessions(root)
+        infos = _followed(root, ledger, policy, host_home)
         p = plan(policy, infos, when, exclude, _sealed_of(root, infos, policy))
         trashed, skipped = [], [{"session_id": e.session_id, "rule": e.rule, "why": "live: a writer holds it"}
                                 for e in p.live]

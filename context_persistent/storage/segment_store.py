@@ -38,7 +38,8 @@ TMP = ".tmp"
 #: Names of the points where a crash test may stop the writer (``CONTEXT_PERSISTENT_CRASH_AT=<name>``).
 STEPS = ("roll-manifest", "roll-renamed", "roll-created", "compress-written", "compress-manifest",
          "compress-renamed", "replace-written", "replace-manifest", "replace-renamed", "migrate-written",
-         "migrate-manifest", "expire-file-moved", "erase-copies-written")
+         "migrate-manifest", "expire-file-moved", "erase-copies-written", "repair-quarantine-written",
+         "repair-log-written", "checkpoint-written")
 CRASH_ENV = "CONTEXT_PERSISTENT_CRASH_AT"
 #: The new active segment an erase writes (erasure.py) before its commit.
 ACTIVE_ERASING = LOG_NAME + ".erasing"

@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "page_cache_bytes": CACHE_BYTES,
     "retention": None,
     "calibrate": True,  # fit the request view to the provider's reported counts (docs/tokens.md)
+    "search_index": True,
 }
 
 #: What set_messages does once the store loaded its own log (docs/resume.md).
@@ -71,7 +72,7 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "page_cache_bytes", 0)
     cfg["segment_bytes"] = check_segment_bytes(cfg["segment_bytes"])
     for flag in ("recognise_replay", "copy_request_view", "export_on_compact", "reserve_tail", "compress_sealed",
-                 "roll_on_compaction", "calibrate"):
+                 "roll_on_compaction", "calibrate", "search_index"):
         if not isinstance(cfg[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {cfg[flag]!r}")
     _positive_int(cfg, "export_on_compact_every")
@@ -99,6 +100,9 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
     if cfg["backend"] != "file" and (cfg["compress_sealed"] or cfg["roll_on_compaction"]):
         raise ValueError(f"compress_sealed and roll_on_compaction apply to the file backend only (its log segments; "
                          f"docs/operations.md, 'Segments'); got backend={cfg['backend']!r}")
+    if cfg["backend"] != "file" and cfg["retention"] is not None and cfg["retention"].follow_host:
+        raise ValueError(f"retention.follow_host applies to the file backend only (it follows the Amplifier CLI's "
+                         f"session folders; docs/amplifier.md); got backend={cfg['backend']!r}")
     if cfg["backend"] == "file" and (cfg["dsn"] is not None or cfg["pg_schema"] is not None):
         raise ValueError("dsn/pg_schema are set but backend is 'file': set backend='postgres' to use them")
     if cfg["backend"] == "postgres":

@@ -70,7 +70,8 @@ class HistoryEdits:
 
         s = self._s
         offered = orjson.loads(payload) if given is None else given
-        kind, merged = classify(s.full().messages, offered)
+        history = s.full()
+        kind, merged = classify(history.messages, offered)
         if kind == REPAIR:
             assert merged is not None
             logger.warning("session %s: set_messages repaired the history (%d -> %d messages); accepted",
@@ -83,9 +84,32 @@ class HistoryEdits:
         elif kind == FILTERED:
             await self._ignore(count, payload, FILTERED, "a filtered transcript of the history the store "
                                "loaded from its own log, which is authoritative")
-        else:
+        elif not await self._edited(history, offered, count, payload):
             await self._ignore(count, payload, kind, "neither a filtered transcript, a repair of the history "
                                "nor an explicit replacement (pass reason=...); the store's own log is kept")
+
+    async def _edited(self, history: Any, offered: list[dict[str, Any]], count: int, payload: bytes) -> bool:
+        """An edited transcript (model/resume.py, ``transcript_edits``): the first time in the session, one
+        ``transcript_edited`` record and a warning naming ``context-persistent erase``; after that, ignored
+        like any other. False when ``offered`` is no edit."""
+        from ..model.resume import EDITED, transcript_edits
+
+        found = transcript_edits(history.messages, offered)
+        if found is None:
+            return False
+        s = self._s
+        seqs = {k: sorted({split_key(history.keys[i])[0] for i in found[k]}) for k in ("removed", "changed")}
+        reason = ("the host's transcript lacks or changes messages of the history (edited by hand?); the store's "
+                  "own log is kept")
+        if s.state.counts.get(ev.TRANSCRIPT_EDITED):  # (warned once already: recorded, not repeated)
+            await self._ignore(count, payload, EDITED, reason)
+            return True
+        info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": EDITED,
+                "reason": reason, "removed_seqs": seqs["removed"], "changed_seqs": seqs["changed"]}
+        await self._writer.commit(ev.TRANSCRIPT_EDITED, info)
+        logger.warning(edited_warning(s.session_id, seqs["removed"], seqs["changed"]))
+        await s.emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
+        return True
 
     async def replace_messages(self, messages: list[dict[str, Any]]) -> None:
         self._s.check_writable()
@@ -162,3 +186,15 @@ class HistoryEdits:
             from ..transfer.snapshot import rewrite_audit_exports  # (export_on_compact's snapshots must not keep it)
 
             await rewrite_audit_exports(self._store, at)
+
+
+def edited_warning(session_id: str, removed: list[int], changed: list[int]) -> str:
+    """The one warning about an edited transcript: what differs, that it has no effect, and what does."""
+    what = "; ".join(f"{name} the message(s) of seq {', '.join(map(str, seqs[:8]))}{' ...' if len(seqs) > 8 else ''}"
+                     for name, seqs in (("removes", removed), ("changes", changed)) if seqs)
+    example = (removed or changed)[0]
+    return (f"session {session_id}: the host's transcript (transcript.jsonl) differs from the session's log: it {what}. "
+            "Editing the transcript changes nothing: the log is the session's record, and the host writes the "
+            "whole history back to the transcript after the next turn. To remove a message for good, close the "
+            f"session and run `context-persistent erase {session_id} --seq {example}` (`context-persistent show "
+            f"{session_id}` lists the seqs). This warning is shown once per session.")

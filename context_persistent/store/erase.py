@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .appends import Appends
 from .edits import HistoryEdits
 from ..storage.log import FileEventLog
-from ..model.projection import MAX_BATCH, split_key
+from ..model.projection import MAX_BATCH, make_key, split_key
 from .session import Session
 from .writer import Writer
 
@@ -48,26 +48,46 @@ class Eraser:
             raise ValueError(f"seq must be an int from 1 to {head}, got {seq!r}")
         return seq, index
 
-    async def erase(self, message_index: int | None, seq: int | None, index: int, reason: str) -> dict[str, Any]:
-        from ..operations import erasure
-
+    async def erase(self, message_index: int | None, seq: int | None, index: int, reason: str,
+                    vacuum: bool | str = False) -> dict[str, Any]:
         if not isinstance(reason, str):
             raise ValueError(f"reason must be a string, got {type(reason).__name__}")
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_BATCH:
             raise ValueError(f"index must be an int from 0 to {MAX_BATCH - 1}, got {index!r}")
+        if vacuum not in (False, True, "full"):
+            raise ValueError(f"vacuum must be False, True or \"full\", got {vacuum!r}")
         s = self._s
+        if vacuum and isinstance(s.log, FileEventLog):
+            raise ValueError("vacuum applies to the PostgreSQL backend only (a file log keeps no old row versions)")
         s.check_writable()
         self._appends.end_replay()
         await self._writer.drain()  # (batch mode: what is queued goes first)
+        # An export_on_compact of this process writes its snapshot under the same lock: it finishes before the
+        # copies are searched, or starts after the erase (and then never sees the message).
+        async with s.rewriting, self._writer.exclusive():
+            s.check_writable()
+            return await self._erase_held(message_index, seq, index, reason, vacuum)
+
+    async def _erase_held(self, message_index: int | None, seq: int | None, index: int, reason: str,
+                          vacuum: bool | str) -> dict[str, Any]:
+        from ..operations import erasure
+
+        s = self._s
         seq, index = self._target(message_index, seq, index)
         checkpoints = s.checkpoints
         if checkpoints._task is not None:  # a checkpoint being written would bring the message back
             await asyncio.shield(checkpoints._task)
         s.full()  # nothing may be read from the old checkpoint after it is deleted
         if isinstance(s.log, FileEventLog):
-            receipt = erasure.erase_file(self._store, seq, index, reason)
+            from ..operations.search.erasing import erasing
+
+            # the search index: emptied of the session before the log changes, indexed again after it
+            async with erasing(s.storage_path, s.session_id, make_key(seq, index)) as index_entry:
+                receipt = erasure.erase_file(self._store, seq, index, reason)
+            receipt["index"] = index_entry
         else:
-            receipt = await erasure.erase_postgres(self._store, seq, index, reason)
+            receipt = await erasure.erase_postgres(self._store, seq, index, reason, vacuum)
+        s.rewrites += 1  # (readers iterating over the old positions re-resolve: Session.iter_messages)
         # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
         if checkpoints._lazy_file is not None:
             checkpoints._lazy_file.close()
@@ -92,5 +112,9 @@ class Eraser:
         if receipt.get("session_id") != s.session_id:
             raise ValueError(f"the receipt is for session {receipt.get('session_id')!r}, not {s.session_id!r}")
         if isinstance(s.log, FileEventLog):
-            return erasure.check_receipt(s.log.directory, receipt)
+            from ..operations.search.erasing import check_index
+
+            key = receipt["message"].get("key")
+            return erasure.check_receipt(s.log.directory, receipt) + (
+                check_index(s.storage_path, s.session_id, key) if isinstance(key, int) else [])
         return await erasure.check_receipt_postgres(s.log, receipt)

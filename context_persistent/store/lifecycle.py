@@ -4,6 +4,7 @@ released."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable
@@ -100,6 +101,8 @@ class Lifecycle:
         s.closed = True
         try:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
+            if s.indexer is not None:  # (the search index's thread: the session's pending catch-up, bounded)
+                await asyncio.to_thread(s.indexer.flush, s.session_id)
         finally:
             await s.log.close()
             if s.pager is not None:

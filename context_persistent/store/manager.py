@@ -9,6 +9,7 @@ stays cheap.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from ..model import events as ev
 from ..model.budget import resolve_budget
 from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_config
 from .delegation import _kept, _Limit
-from .opening import Opening
+from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
 from ..model.events import copy_json
 
@@ -135,27 +136,8 @@ class PersistentContextManager:
         fails verification, UnsupportedFormatError for a log of a newer format, DatabaseError when the
         PostgreSQL backend cannot be reached, ValueError for a bad session id or configuration.
         """
-        return Opening(cls._open(storage_path=storage_path, session_id=session_id, hooks=hooks, readonly=readonly,
-                                 **config))
-
-    @classmethod
-    async def _open(cls, *, storage_path: str | os.PathLike[str], session_id: str, hooks: Any = None,
-                    readonly: bool = False, **config: Any) -> "PersistentContextManager":
-        from ..operations.retention_on_open import open_store_log
-        from ..storage.paths import validate_session_id
-
-        validate_session_id(session_id)
-        cfg = cls.check_config(config)
-        storage_path = Path(storage_path).expanduser()
-        log = await open_store_log(storage_path, session_id, cfg, readonly=readonly)  # (retention on open first)
-        try:  # (whatever fails after the log is open, its writer lock is released)
-            store = cls(storage_path=storage_path, session_id=session_id, log=log, config=cfg, hooks=hooks)
-            await store._life.load()
-            store._views.bounds.restore(store._s.checkpoints.loaded_view_prefix)
-        except BaseException:
-            await log.close()
-            raise
-        return store
+        return Opening(open_store(cls, storage_path=storage_path, session_id=session_id, hooks=hooks,
+                                  readonly=readonly, **config))
 
     @staticmethod
     def check_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -315,7 +297,7 @@ class PersistentContextManager:
         await self._edits.mark(ev.REDACTED, message_index, seq)
 
     async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
-                    reason: str = "") -> dict[str, Any]:
+                    reason: str = "", vacuum: bool | str = False) -> dict[str, Any]:
         """Remove a message's bytes from everything the store wrote (unlike ``redact``, which hides it).
 
         Name the message by ``seq`` (the record that added it; ``index`` is its position in a
@@ -326,23 +308,50 @@ class PersistentContextManager:
         same message bytes in the log is replaced by an ``erased`` tombstone keeping its seq and crc (the
         chain stays valid); the checkpoint is deleted; side files (torn tails, quarantine) and compaction
         exports in the session folder are rewritten without it; on PostgreSQL the rows are updated in one
-        transaction. Views then behave as if the message were redacted. ``reason`` is stored in the tombstone. See
-        docs/operations.md, "Erasure".
+        transaction; ``vacuum`` (PostgreSQL only): True then runs VACUUM on the tables, ``"full"`` VACUUM FULL
+        (the old row versions stay in the tables until one runs). Views then behave as if the message were redacted. ``reason`` is
+        stored in the tombstone. See docs/operations.md, "Erasure".
 
-        Returns the receipt (a dict: what was erased, the SHA-256 and size of the removed bytes, where they
-        had been) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
+        Returns the receipt (a dict: what was erased, the key and keyed digest of the removed bytes, where they
+        had been, what erase does not reach: ``not_covered``) that ``verify_erasure`` and ``context-persistent verify SESSION --receipt FILE`` check later. Raises
         ValueError if the message is not named exactly once or names no message, or ``reason`` is not a
         string; StoreClosedError after ``close()``; ReadOnlyError on a store opened ``readonly=True``;
         LogWriteError when the disk refuses a write (the log is then unchanged); DatabaseError on
         PostgreSQL when the server fails (nothing changed).
         """
-        return await self._eraser.erase(message_index, seq, index, reason)
+        return await self._eraser.erase(message_index, seq, index, reason, vacuum)
+
+    async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
+                     since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
+        """Full-text search of this session (``all_sessions``: of every session of its storage) through the
+        storage's search index, caught up first (docs/search.md).
+
+        ``query`` is in SQLite FTS5's language: words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/``NOT``,
+        ``NEAR(a b, N)``, ``tools:NAME``. ``role`` keeps one role's messages, ``since`` those from a time on (a
+        datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
+        ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
+        replaced) that the log still holds. The file backend only.
+
+        Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
+        brackets, score, whether the views show it), best first.
+
+        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter or on
+        PostgreSQL.
+        """
+        from ..operations.search import search
+
+        self._check_open()
+        if self._s.config["backend"] != "file":
+            raise ValueError("search is available on the file backend only (docs/search.md, 'PostgreSQL')")
+        return await asyncio.to_thread(asyncio.run, search(
+            self._s.storage_path, query, session_id=None if all_sessions else self.session_id, role=role,
+            since=since, limit=limit, all_messages=all_messages))
 
     async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
         """Check an erasure receipt (from ``erase``) against this session as stored now.
 
         Every file in the session folder (or every row of the session on PostgreSQL) is searched for the
-        erased bytes by their SHA-256 and length, and the log must hold the tombstones the receipt lists.
+        erased bytes by their keyed digest and length, and the log must hold the tombstones the receipt lists.
         Returns the problems found (an empty list: the bytes are nowhere). Raises ValueError if ``receipt``
         is not a receipt, or belongs to another session; StoreClosedError after ``close()``.
         """

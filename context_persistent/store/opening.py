@@ -1,12 +1,36 @@
-"""What ``PersistentContextManager.open(...)`` returns: awaitable, and an async context manager."""
+"""Opening a store: ``open_store`` (check the configuration, open the log, load the state) and what
+``PersistentContextManager.open(...)`` returns, ``Opening``: awaitable, and an async context manager."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Coroutine, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .manager import PersistentContextManager
+
+
+async def open_store(cls: type[PersistentContextManager], *, storage_path: str | os.PathLike[str], session_id: str,
+                     hooks: Any = None, readonly: bool = False, **config: Any) -> PersistentContextManager:
+    """A store of class ``cls`` opened: configuration checked, the log opened (retention on open first), the
+    state loaded; whatever fails after the log is open releases its writer lock."""
+    from ..operations.retention_on_open import open_store_log
+    from ..storage.paths import validate_session_id
+
+    validate_session_id(session_id)
+    cfg = cls.check_config(config)
+    path = Path(storage_path).expanduser()
+    log = await open_store_log(path, session_id, cfg, readonly=readonly)
+    try:
+        store = cls(storage_path=path, session_id=session_id, log=log, config=cfg, hooks=hooks)
+        await store._life.load()
+        store._views.bounds.restore(store._s.checkpoints.loaded_view_prefix)  # (store/view_bound.py)
+    except BaseException:
+        await log.close()
+        raise
+    return store
 
 
 class Opening:
@@ -35,4 +59,4 @@ class Opening:
         self._opening.close()
 
 
-__all__ = ["Opening"]
+__all__ = ["Opening", "open_store"]

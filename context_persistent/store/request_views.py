@@ -154,14 +154,23 @@ class RequestViews:
 
     def _cached(self, budget: int, exact: bool = False) -> RequestView | None:
         """The cached view when the history did not change, or the cached view extended by the messages
-        appended since (None: rebuild)."""
+        appended since (None: rebuild). A budget below the one the view was built for keeps it while it fits
+        under that budget's threshold (a calibrated budget falls a little with many reports: docs/tokens.md);
+        a higher one rebuilds, so the view gets the room. The cache keeps the budget it was built for: a view
+        checked against a lower budget fits the higher one too."""
         s = self._s
         state = s.state
         cached = self.cache
-        if cached is None or cached[1] != budget or (exact and cached[5]):
+        if cached is None or cached[1] < budget or (exact and cached[5]):
             return None
         if cached[0] == state.version:
-            return cached[3].view if cached[3] is not None else cached[4]
+            view = cached[3].view if cached[3] is not None else cached[4]
+            if cached[1] != budget:
+                cfg = s.compaction
+                if (cfg.auto_compact and view.token_count >= cfg.compact_threshold * budget) \
+                        or view.token_count > budget:
+                    return None
+            return view
         if cached[2] == s.epoch and cached[3] is not None:
             # Only messages were appended since: extend the view unless it now needs compacting.
             # Only the tail (from the anchor's user turn) is read: count just that, not the history.
@@ -177,7 +186,7 @@ class RequestViews:
             if grown is not None:
                 if cached[5]:
                     grown[0].stats.update(token_count_exact=False)
-                self.cache = (state.version, budget, s.epoch, grown[1], grown[0], cached[5])
+                self.cache = (state.version, cached[1], s.epoch, grown[1], grown[0], cached[5])
                 return grown[0]
         return None
 
@@ -323,7 +332,8 @@ class RequestViews:
             return
         path = s.log_dir() / f"compaction-{seq:010d}.jsonl"
         try:
-            await self._export_reasoning(path)
+            async with s.rewriting:  # (an erase waits for this snapshot, or this one starts after it)
+                await self._export_reasoning(path)
         except Exception as e:  # an audit snapshot must never break a request
             logger.warning("session %s: export_on_compact to %s failed: %s", s.session_id, path, e)
             return

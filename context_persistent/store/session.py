@@ -68,6 +68,12 @@ class Session:
         #: clear() was called by this process: what it loaded is no longer there to protect (docs/resume.md).
         self.cleared_here = False
         self.epoch = 0
+        #: close() has begun: no new write is accepted (what was queued before is written).
+        self.closing = False
+        #: Erasures made by this store (each rewrote records in place: positions read before it are stale).
+        self.rewrites = 0
+        #: Held by an erase and by an export_on_compact snapshot: one never runs inside the other.
+        self.rewriting = asyncio.Lock()
         #: The torn tail cut at open (log.TornTail), or None.
         self.recovered: Any = None
         #: Stats of the last compaction that changed the request view (for stats() and the CLI).
@@ -79,14 +85,24 @@ class Session:
         #: (epoch, n, token list, total): the first n counts of that list were complete at that epoch and sum to
         #: total: the whole history's count without reading it (stats(), checkpoints; ledger.TokenLedger).
         self.token_total_hint: tuple[int, int, Any, int] | None = None
+        #: Keeps the storage's search index current after appends (operations/search/background.py); None for
+        #: a reader, with ``search_index: false``, or on PostgreSQL (whose index readers catch up).
+        self.indexer: Any = None
+        #: The ``epoch`` the indexer last saw: a change hands it the history's keys (search/indexer.Snapshot).
+        self.indexed_epoch = -1
+        if config.get("search_index", True) and not log.readonly and type(log).__name__ == "FileEventLog":
+            from ..operations.search.background import BackgroundIndexer
+
+            self.indexer = BackgroundIndexer.for_storage(storage_path)
 
     def check_open(self) -> None:
         if self.closed:
             raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
 
     def check_writable(self) -> None:
-        if self.closed:
-            raise StoreClosedError(f"session {self.session_id!r}: the store is closed")
+        if self.closed or self.closing:
+            raise StoreClosedError(f"session {self.session_id!r}: the store is "
+                                   + ("closed" if self.closed else "closing"))
         if self.readonly:
             raise ReadOnlyError(f"session {self.session_id!r} was opened readonly=True; writes are not allowed")
 
@@ -101,17 +117,38 @@ class Session:
         from ..model.history_lists import PagedList, _resolve
 
         self.check_open()
-        messages: Any = self.full().messages  # (a lazy history loads its refs, never its messages)
+        state = self.full()
+        messages: Any = state.messages  # (a lazy history loads its refs, never its messages)
         pager = messages.pager if type(messages) is PagedList else None
         # refs or messages: a snapshot (a paged history's packed refs copied), so later changes are not seen
         items = messages.items.copy() if pager is not None else list(messages)
+        keys = list(state.keys)
+        rewrites = self.rewrites
         for start in range(0, len(items), chunk):
             if start:
                 await asyncio.sleep(0)
                 self.check_open()
+            if self.rewrites != rewrites:
+                # An erase rewrote the log: the snapshot's positions point into the old file. Go on with the
+                # same messages read from the new one, less the erased ones (they are in no view any more).
+                pairs, pager = self._after_rewrite(keys[start:])
+                keys = keys[:start] + [k for k, _ in pairs]
+                items = [None] * start + [r for _, r in pairs]
+                rewrites = self.rewrites
             part = items[start:start + chunk]
             for v in (_resolve(part, pager) if pager is not None else part):
                 yield copy_json(v)
+
+    def _after_rewrite(self, keys: list[Any]) -> tuple[list[tuple[Any, Any]], Any]:
+        """``(key, ref or message)`` in the current history of each of ``keys`` still in it, and its pager."""
+        from ..model.projection import PagedList
+
+        state = self.full()
+        messages: Any = state.messages
+        paged = type(messages) is PagedList
+        current = messages.items if paged else list(messages)
+        where = {k: i for i, k in enumerate(state.keys)}
+        return [(k, current[where[k]]) for k in keys if k in where], messages.pager if paged else None
 
     def tokenizer_name(self) -> str:
         """The counter the history's counts were made by, for a checkpoint: loads no encoding (a process that

@@ -57,6 +57,9 @@ class UsageMeter:
         #: (provider budget, key) -> budget in the store's tokens in use (see RAISE_STEP).
         self._budgets: dict[tuple[int, Key], int] = {}
         self.last_fit: tuple[Fit, int, int] | None = None  # (fit, provider budget, store budget) of the last request
+        #: (provider budget, provider identity, calibration version, budget returned) of the last request: an
+        #: unchanged request (no report since, same model) gets the same budget without a fit's arithmetic.
+        self._last: tuple[int, tuple[str | None, str | None], int, int] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -134,7 +137,11 @@ class UsageMeter:
         tokens by the calibration of the provider in use; ``budget`` itself with ``calibrate: false``."""
         if not self.enabled:
             return budget
-        name, model = provider_identity(provider)
+        ident = provider_identity(provider)
+        last = self._last
+        if last is not None and last[0] == budget and last[1] == ident and last[2] == self.calibration.version:
+            return last[3]
+        name, model = ident
         fitted, key = self.calibration.fit_for(name, model)
         target = fitted.budget(budget)
         held = self._budgets.get((budget, key))
@@ -142,6 +149,7 @@ class UsageMeter:
             target = held  # (a small rise: keep the cached view)
         self._budgets[(budget, key)] = target
         self.last_fit = (fitted, budget, target)
+        self._last = (budget, ident, self.calibration.version, target)
         return target
 
     def serve(self, head_seq: int, tokens: int | Callable[[], int | None] | None, provider: Any) -> None:

@@ -9,7 +9,9 @@ group in one append. Audit records of request views (``defer``) ride along in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..model import codec
@@ -35,6 +37,13 @@ class Writer:
         self.deferred: list[tuple[str, Any, bytes]] = []
         self._pending: list[tuple[str, Any, bytes, asyncio.Future[int]]] = []
         self._flush_task: asyncio.Task[None] | None = None
+        #: Events ever queued, and settled (written or failed): ``drain`` waits for a count, not for an empty
+        #: queue, so a task that keeps appending cannot starve it.
+        self._queued = 0
+        self._settled = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: Set while :meth:`exclusive` holds the log: commits wait on it, queued events are not flushed.
+        self._gate: asyncio.Future[None] | None = None
 
     async def commit(self, type_: str, data: Any, data_json: bytes | None = None) -> int:
         """Append one event and apply it once it is durable (per the fsync policy); returns its seq."""
@@ -44,6 +53,9 @@ class Writer:
             data_json = codec.dumps(data)
         if not self.inline:
             return await self.enqueue(type_, data, data_json)
+        while self._gate is not None:  # an erase is rewriting the log: append after it
+            await asyncio.shield(self._gate)
+            s.check_writable()
         if self.deferred:  # audit records of earlier request views ride along in this write
             await self.commit_with_deferred([(type_, data, data_json)])
             return s.state.head_seq  # (the event is the last of that write)
@@ -107,14 +119,48 @@ class Writer:
         """
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((type_, data, data_json, fut))
-        if self._flush_task is None:
+        self._queued += 1
+        if self._flush_task is None and self._gate is None:
             self._flush_task = asyncio.ensure_future(self._flush_pending())
         return fut
 
     async def drain(self) -> None:
-        """Wait until every queued event is written (or failed)."""
-        while self._flush_task is not None:
-            await asyncio.shield(self._flush_task)
+        """Wait until every event queued before this call is written (or failed); events queued meanwhile are
+        not waited for (a task that keeps appending does not starve ``erase`` or ``close``)."""
+        target = self._queued
+        while self._settled < target and self._flush_task is not None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append((target, fut))
+            await asyncio.shield(fut)
+
+    def _wake(self, done: bool = False) -> None:
+        keep = []
+        for target, fut in self._waiters:
+            if done or self._settled >= target:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the log for a rewrite (an erase): wait for the group being written, then keep every commit
+        waiting (queued events stay queued) until the block ends, so the state rebuilt from the new log is not
+        overtaken by an append made meanwhile."""
+        if self._gate is not None:
+            raise RuntimeError("the log is already held for a rewrite")
+        self._gate = asyncio.get_running_loop().create_future()
+        try:
+            while self._flush_task is not None:
+                await asyncio.shield(self._flush_task)
+            yield
+        finally:
+            gate, self._gate = self._gate, None
+            if gate is not None and not gate.done():
+                gate.set_result(None)
+            if self._pending and self._flush_task is None:
+                self._flush_task = asyncio.ensure_future(self._flush_pending())
 
     async def _flush_pending(self) -> None:
         """Group commit: everything queued so far goes out in one append (one write, one sync).
@@ -124,7 +170,7 @@ class Writer:
         """
         s = self._s
         try:
-            while self._pending:
+            while self._pending and self._gate is None:
                 pending, self._pending = self._pending, []
                 deferred, self.deferred = self.deferred, []
                 # audit records of earlier request views (no caller waits on them) go out with this group
@@ -143,6 +189,8 @@ class Writer:
                     for *_, fut in batch:
                         if fut is not None and not fut.done():
                             fut.set_exception(e)
+                    self._settled += len(pending)
+                    self._wake()
                     continue
                 apply = state.apply
                 for seq, (type_, data, _, fut), line, start in zip(range(first, first + len(batch)), batch, lines,
@@ -152,9 +200,12 @@ class Writer:
                         s.epoch += 1
                     if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)
                         fut.set_result(seq)
+                self._settled += len(pending)
                 self._after_append()
+                self._wake()
         finally:
             self._flush_task = None
+            self._wake(done=True)
 
     def _after_append(self) -> None:
         """Periodic work after appends: a checkpoint every ``checkpoint_every`` events (in the background).
@@ -163,13 +214,32 @@ class Writer:
         s = self._s
         try:
             s.checkpoints.maybe_write(s.state, s.log, s.tokenizer_name)
+            if s.indexer is not None:
+                self._notify_index()
         except Exception as e:
             logger.warning("session %s: work after an append failed (%s); the records are stored", s.session_id, e)
 
+    def _notify_index(self) -> None:
+        """Hand the search index's thread the session (and, after a change of the history, its keys: a copy of
+        the packed array; not for a history still lazy, whose keys the thread folds from the log instead)."""
+        from ..operations.search.indexer import keys_snapshot
+
+        s = self._s
+        snapshot = None
+        if s.epoch != s.indexed_epoch:
+            s.indexed_epoch = s.epoch
+            if not s.state.is_lazy:
+                snapshot = keys_snapshot(s.state.head_seq, s.state.keys)
+        s.indexer.notify(s.session_id, snapshot)
+
     async def close(self) -> None:
         """Wait for the group commit, then write the deferred audit records (close syncs the log); a failure to
-        write them is logged (they are audit records only, never history)."""
-        await self.drain()
+        write them is logged (they are audit records only, never history). New writes are refused from here on
+        (StoreClosedError), so the queue empties: every event queued before is written or failed, none is left
+        in flight when the log closes."""
+        self._s.closing = True
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
         s = self._s
         if self.deferred and not s.readonly:
             try:

@@ -25,11 +25,13 @@ from starlette.staticfiles import StaticFiles
 
 from .. import __version__
 from ..errors import ContextPersistentError, SessionNotFoundError
+from ..model import events as ev
 from .extensions import Extensions
 from .gate import TokenGate, cookie_name
 from .shaping import clip, shape_record
 from .source import Source
-from .timeline import MarkIndex, follow_records, read_records, timeline_page
+from .timeline import follow_records, read_records, timeline_page
+from .usage import USAGE_POINTS, LogUsage, thin
 from .views import messages_page, request_compare, token_series
 
 STATIC = Path(__file__).parent / "static"
@@ -80,8 +82,10 @@ class Api:
 
     def __init__(self, source: Source, extensions: Extensions) -> None:
         self.source = source
+        self.marks = source.marks
+        if extensions.usage is None:  # (the session's own usage_reported records: the usage ledger)
+            extensions = Extensions(search=extensions.search, usage=LogUsage(source, self.marks))
         self.extensions = extensions
-        self.marks = MarkIndex()
 
     async def info(self, request: Request) -> Response:
         return JSON({"program": "context-persistent", "version": __version__, "source": self.source.describe(),
@@ -122,14 +126,22 @@ class Api:
 
     async def tokens(self, request: Request) -> Response:
         sid = request.path_params["sid"]
-        marks = await self.marks.of(self.source, sid)
+        async with self.source.store(sid) as head:
+            counts = head._state.counts
+        # The index of notable events reads the whole log the first time: only when it has something to show.
+        noted = bool(counts.get(ev.COMPACTED) or counts.get(ev.USAGE_REPORTED))
+        events = [dict(m) for m in (await self.marks.of(self.source, sid)).events] if noted else []
         at = _int(request, "at")
-        events = [dict(m) for m in marks.events]
+        provider = self.extensions.usage
+        usage = None
+        if isinstance(provider, LogUsage) and not counts.get(ev.USAGE_REPORTED):
+            usage = []
+        elif provider is not None:
+            usage = thin(await provider.usage(sid, at_seq=at, limit=USAGE_POINTS), USAGE_POINTS)
         async with self.source.store_at(sid, at) as store:
             out = await token_series(store, budget=_int(request, "budget"),
-                                     count_missing=request.query_params.get("count") == "1", marks=events)
-        usage = self.extensions.usage
-        out["usage"] = await usage.usage(sid, at_seq=at) if usage is not None else None
+                                     count_missing=request.query_params.get("count") == "1", marks=events,
+                                     usage=usage)
         return JSON(out)
 
     async def marks_of(self, request: Request) -> Response:

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ..storage.paths import LOG_NAME, validate_session_id
+from .timeline import MarkIndex
 
 #: Messages a viewer's store keeps parsed in its page cache (each store; a writer's default is 32 MiB).
 PAGE_CACHE_BYTES = 8 << 20
 #: Stores kept open (at the head, and as of a past seq for time travel).
-MAX_OPEN, MAX_PAST = 6, 2
+MAX_OPEN, MAX_PAST = 6, 4
 
 
 @dataclass(slots=True)
@@ -49,9 +50,11 @@ class Source:
         self.backend = dict(backend or {})
         self.config: dict[str, Any] = {**self.backend, "page_cache_bytes": PAGE_CACHE_BYTES}
         self._open: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._past: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        self._past: OrderedDict[tuple[str, int, str], _Entry] = OrderedDict()
         self._rows: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: The notable events of each session looked at (timeline.py), shared by the API and time travel.
+        self.marks = MarkIndex()
 
     @property
     def is_postgres(self) -> bool:
@@ -138,17 +141,18 @@ class Source:
 
     @contextlib.asynccontextmanager
     async def store_at(self, session_id: str, seq: int | None, purpose: str = "pages") -> AsyncIterator[Any]:
-        """The session as it was right after event ``seq`` (a read-only store, replayed from the log), or as
-        it is now when ``seq`` is None or the head. ValueError for a seq outside 1..head."""
+        """The session as it was right after event ``seq`` (a read-only store), or as it is now when ``seq`` is
+        None or the head. ValueError for a seq outside 1..head. The past state is cut from the head's when
+        only appends and audit records came after ``seq`` (past.py), else replayed from the log."""
         async with self.store(session_id, purpose) as head:
             if seq is None or seq == head.head_seq:
                 yield head
                 return
-            key = (session_id, seq)
+            key = (session_id, seq, purpose)
             async with self._lock(f"{session_id}\x00past"):
                 entry = self._past.get(key)
                 if entry is None:
-                    entry = _Entry(await head.at(seq), None)
+                    entry = _Entry(await self._past_store(session_id, seq, head), None)
                     self._past[key] = entry
                     while len(self._past) > MAX_PAST:
                         await self._retire(self._past.popitem(last=False)[1])
@@ -160,6 +164,21 @@ class Source:
                 entry.users -= 1
                 if entry.retired and entry.users == 0:
                     await entry.store.close()
+
+    async def _past_store(self, session_id: str, seq: int, head: Any) -> Any:
+        """A store of the past state at ``seq``: cut from the session's pages store (its history loads in full
+        once; a request store's stays lazy), lazy for the request view when ``head`` lists its system
+        messages, or else replayed by ``head.at``."""
+        from .past import appends_only, listed_system_indices, open_cut
+
+        system = listed_system_indices(head)
+        async with self.store(session_id) as pages:
+            if pages.head_seq == head.head_seq:
+                marks = None if appends_only(pages._state) else await self.marks.of(self, session_id)
+                past = await open_cut(pages, seq, marks, system)
+                if past is not None:
+                    return past
+        return await head.at(seq)
 
     async def _retire(self, entry: _Entry) -> None:
         entry.retired = True

@@ -5,7 +5,8 @@ located in the segment whose seq range holds it, by bisection (``LogReader.ancho
 records from the end backwards (``anchor_before_last``), as ``tail`` does; PostgreSQL reads by seq.
 
 The index of notable events (everything but ``message_added``: system prompt changes, pins, redactions,
-compactions, repairs, replays, retention, erasure) is what the token chart marks and the timeline jumps to.
+compactions, repairs, replays, retention, erasure) is what the token chart marks and the timeline jumps to;
+the provider's usage reports it meets go to a packed series of their own (usage.py).
 Building it reads the log once, then only what was appended since; a session with redactions needs it
 before its timeline shows a message, so a redacted message's text is never sent (docs/viewer.md).
 """
@@ -22,6 +23,7 @@ from ..model import events as ev
 from ..model.projection import make_key, split_key
 from ..transfer.time_travel import fingerprint  # (the rule time travel hides redacted copies by)
 from .shaping import message_slots, shape_record
+from .usage import UsageSeries
 
 #: The most records one page may hold.
 PAGE_MAX = 1000
@@ -91,6 +93,7 @@ class Marks:
     omitted: int = 0
     redacted: set[int] = field(default_factory=set)
     prints: set[bytes] = field(default_factory=set)
+    usage: UsageSeries = field(default_factory=UsageSeries)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def hidden(self, key: int, message: Any) -> bool:
@@ -121,6 +124,9 @@ class Marks:
     def _note(self, rec: dict[str, Any], new_keys: list[int]) -> None:
         kind = rec.get("type")
         if kind == ev.MESSAGE_ADDED:
+            return
+        if kind == ev.USAGE_REPORTED:  # (one a request: packed apart, so they never crowd out the others)
+            self.usage.note(rec)
             return
         if kind == ev.REDACTED:
             data = rec.get("data") or {}

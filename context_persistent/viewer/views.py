@@ -9,6 +9,7 @@ as a short one. The conversation and reasoning views are the full history's page
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -145,11 +146,12 @@ async def request_compare(store: Any, budget: int | None) -> dict[str, Any]:
             "window": None if window is None else {"start": window.start, "omitted": window.omitted}}
 
 
-async def token_series(store: Any, *, budget: int | None, count_missing: bool,
-                       marks: list[dict[str, Any]]) -> dict[str, Any]:
+async def token_series(store: Any, *, budget: int | None, count_missing: bool, marks: list[dict[str, Any]],
+                       usage: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The tokens of the history per message (summed over runs of messages when there are more than the
-    chart's points) and cumulative, the budget, and the compactions recorded in the log (``marks``: the
-    notable events, timeline.py) placed at the history position of their seq."""
+    chart's points) and cumulative, the budget, the compactions recorded in the log (``marks``: the
+    notable events, timeline.py) placed at the history position of their seq, and the provider's reports
+    (``usage``, usage.py) each placed (``at``) after the last message of the request it answers."""
     state = store._state
     total = len(state.messages)
     missing = state.tokens.count(None) if total else 0
@@ -169,13 +171,23 @@ async def token_series(store: Any, *, budget: int | None, count_missing: bool,
                        "seq": split_key(keys[min(total, start + step) - 1])[0]})
     compactions = [m for m in marks if m.get("type") == "compacted" and m["seq"] <= store.head_seq]
     _place(compactions, keys)
+    reports = None
+    if usage is not None:
+        reports = [dict(u, at=_position(keys, u.get("request_seq") or u["seq"])) for u in usage
+                   if u["seq"] <= store.head_seq]
     recorded = recorded_budget(marks)
     used, source = store.resolve_budget(budget if budget is not None else recorded)
     return {"messages": total, "per_point": step, "points": points, "total": running, "uncounted": missing,
             "budget": used, "budget_source": "recorded" if budget is None and recorded else source,
             "tokenizer": store.tokenizer, "head_seq": store.head_seq,
             "compactions": [{"seq": c["seq"], "ts": c.get("ts"), "at": c["at"], "data": c.get("data")}
-                            for c in compactions]}
+                            for c in compactions],
+            "usage": reports}
+
+
+def _position(keys: Any, seq: int) -> int:
+    """How many messages of the history were added at or before ``seq`` (keys are sorted)."""
+    return bisect.bisect_left(keys, make_key(seq + 1))
 
 
 def recorded_budget(marks: list[dict[str, Any]]) -> int | None:

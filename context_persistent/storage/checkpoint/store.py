@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from ..paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
+from ..segment_store import _step
 from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head, parse_state
 
 
@@ -236,6 +237,7 @@ class FileCheckpointStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            _step("checkpoint-written")
             os.replace(self.tmp, self.path)
         except BaseException:
             self.tmp.unlink(missing_ok=True)

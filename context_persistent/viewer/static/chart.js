@@ -21,7 +21,7 @@ export function tokenChart(data, onPick) {
   const n = Math.max(1, data.messages);
   const pts = data.points;
   const maxBar = Math.max(1, ...pts.map((p) => p.tokens));
-  const maxCum = Math.max(1, data.total, data.budget || 0);
+  const maxCum = Math.max(1, data.total, data.budget || 0, ...(data.usage || []).map((u) => Math.max(u.input_tokens || 0, u.estimated_tokens || 0)));
   const x = (i) => L + (i / n) * (W - L - R);
   const yBar = (v) => H - B - (v / maxBar) * (H - B - T);
   const yCum = (v) => H - B - (v / maxCum) * (H - B - T);
@@ -49,11 +49,23 @@ export function tokenChart(data, onPick) {
     mark.append(s("title", {}, `compaction at seq ${c.seq}: ${d.before_tokens} → ${d.after_tokens} tokens (budget ${d.budget})`));
     svg.append(mark);
   }
-  if (data.usage && data.usage.length) {
-    // Provider-reported input tokens per request (the usage ledger), on the cumulative scale.
-    const seqToX = (seq) => { const p = pts.find((q) => q.seq >= seq); return p ? x(p.end) : x(n); };
-    const d = data.usage.map((u, i) => `${i ? "L" : "M"}${seqToX(u.seq).toFixed(1)},${yCum(u.input_tokens || 0).toFixed(1)}`).join(" ");
-    svg.append(s("path", { d, class: "usage" }));
+  const usage = data.usage || [];
+  if (usage.length) {
+    // Reported by the provider: each request's input tokens as it counted them (a dot, joined by a dashed
+    // line), beside the store's estimate of the same request (a tick), after the request's last message.
+    const ux = (u) => x(Math.min(n, u.at)).toFixed(1);
+    const reported = usage.filter((u) => u.input_tokens !== null);
+    if (reported.length > 1) {
+      svg.append(s("path", { d: reported.map((u, i) => `${i ? "L" : "M"}${ux(u)},${yCum(u.input_tokens).toFixed(1)}`).join(" "), class: "usage" }));
+    }
+    for (const u of usage) {
+      const g = s("g", { class: "usage-point" });
+      if (u.estimated_tokens !== null) g.append(s("line", { x1: +ux(u) - 4, x2: +ux(u) + 4, y1: yCum(u.estimated_tokens), y2: yCum(u.estimated_tokens), class: "estimate" }));
+      if (u.input_tokens !== null) g.append(s("circle", { cx: ux(u), cy: yCum(u.input_tokens), r: 3, class: "reported" }));
+      const runs = u.reports > 1 ? ` (the largest of ${u.reports} requests)` : "";
+      g.append(s("title", {}, `request at seq ${u.request_seq}${runs}: ${u.input_tokens ?? "?"} input tokens reported by the provider, ${u.estimated_tokens ?? "?"} estimated by the store; ${u.output_tokens ?? "?"} output tokens`));
+      svg.append(g);
+    }
   }
   svg.append(s("text", { x: L - 6, y: T + 8, class: "label", "text-anchor": "end" }, fmt(maxBar)));
   svg.append(s("text", { x: L - 6, y: H - B, class: "label", "text-anchor": "end" }, "0"));

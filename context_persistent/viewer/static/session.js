@@ -86,7 +86,7 @@ async function loadChart(box, id, at, budget, go, count) {
       el("span", { class: "key cum-key" }, `cumulative (${data.total} tokens, ${data.tokenizer})`), " ",
       el("span", { class: "key budget-key" }, `budget ${data.budget} (${data.budget_source})`), " ",
       el("span", { class: "key compaction-key" }, `${data.compactions.length} compaction(s)`),
-      data.usage ? el("span", { class: "key usage-key" }, " provider-reported input tokens") : null);
+      data.usage && data.usage.length ? el("span", { class: "key usage-key", id: "usage-key" }, `reported by the provider: ${data.usage.length} request(s) (dots; ticks: the store's estimate)`) : null);
     box.append(legend);
     if (data.uncounted) box.append(el("div", { class: "muted" }, `${data.uncounted} messages not counted yet `, el("button", { onclick: () => loadChart(box, id, at, budget, go, true) }, "count them")));
   } catch (e) { clear(box).append(errorBox(e.message)); }

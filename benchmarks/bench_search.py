@@ -1,0 +1,158 @@
+"""Search (docs/search.md): building the index against a raw parse of the same logs, the cost the index adds
+to an append, search latency, ``ls`` from the index against opening every session, and a rebuild's peak memory.
+
+Data: sessions of the 4 KB agent mix (long_data.messages), ``search_mb`` MB of logs in all (``--size
+search_mb=1000`` for the 1 GB run the issue names; the default run is modest), and ``ls_sessions`` sessions of
+four small messages for ``ls``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ._harness import CHILD_REPORT, Ctx, Row, compare, info, percentile, run_child
+from .long_data import messages
+
+GROUP = "search"
+_PER_SESSION = 2000  # messages of the agent mix per session (about 8 MB)
+
+
+async def _write(root: Path, total_bytes: int) -> int:
+    from context_persistent import PersistentContextManager
+
+    written = n = 0
+    while written < total_bytes:
+        async with await PersistentContextManager.open(storage_path=root, session_id=f"s{n:04d}", fsync="never",
+                                                       search_index=False) as store:
+            for m in messages(_PER_SESSION, seed=n + 1):
+                await store.add_message(m)
+            written += store.stats()["bytes"]
+        n += 1
+    return written
+
+
+async def _parse(root: Path) -> float:
+    """The floor: read and verify every record of every log (what any projection of them must do)."""
+    from context_persistent.storage.log import FileEventLog
+
+    t = time.perf_counter()
+    for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+        log = FileEventLog(folder, folder.name, readonly=True)
+        async for _ in log.read_batches():
+            pass
+        await log.close()
+    return time.perf_counter() - t
+
+
+def _queries(rng: random.Random, n: int) -> list[str]:
+    words = [w for m in messages(400, seed=99) for w in re.findall(r"[a-z]{5,}", str(m.get("content") or ""))]
+    out = []
+    for i in range(n):
+        a, b = rng.choice(words), rng.choice(words)
+        out.append([a, f"{a} {b}", f'"{a} {b}"', f"{a[:4]}*", f"{a} OR {b}"][i % 5])
+    return out
+
+
+async def _appends(root: Path, indexed: bool, n: int) -> tuple[list[float], float]:
+    from context_persistent import PersistentContextManager
+
+    times = []
+    store = await PersistentContextManager.open(storage_path=root, session_id=f"app-{indexed}", fsync="always",
+                                                search_index=indexed)
+    for m in messages(n, seed=5):
+        t = time.perf_counter()
+        await store.add_message(m)
+        times.append((time.perf_counter() - t) * 1000)
+    t = time.perf_counter()
+    await store.close()  # (with the index: waits for the thread to have indexed the session)
+    return times, time.perf_counter() - t
+
+
+async def _ls_by_opening(root: Path) -> float:
+    """The reference listing: open every session read-only for its counts (what ls did before the index)."""
+    from context_persistent import PersistentContextManager
+
+    t = time.perf_counter()
+    for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+        async with await PersistentContextManager.open(storage_path=root, session_id=folder.name,
+                                                       readonly=True) as store:
+            len(store._state.messages)
+    return time.perf_counter() - t
+
+
+async def _ls_sessions(root: Path, n: int) -> None:
+    from context_persistent import PersistentContextManager
+
+    for i in range(n):
+        async with await PersistentContextManager.open(storage_path=root, session_id=f"l{i:05d}", fsync="never",
+                                                       search_index=False) as store:
+            for j in range(4):
+                await store.add_message({"role": "user" if j % 2 == 0 else "assistant", "content": f"hello {i} {j}"})
+
+
+_REBUILD_CHILD = """
+import asyncio, sys, time
+from pathlib import Path
+from context_persistent.operations.search.indexer import rebuild
+t = time.perf_counter()
+outcomes = asyncio.run(rebuild(Path(sys.argv[1])))
+result = {"seconds": time.perf_counter() - t, "documents": sum(o.added for o in outcomes)}
+""" + CHILD_REPORT
+
+
+def run(ctx: Ctx) -> list[Row]:
+    from context_persistent.operations.search import list_sessions, search
+
+    ctx.defaults(quick={"search_mb": 20, "ls_sessions": 1000}, full={"search_mb": 100, "ls_sessions": 10000})
+    root = ctx.tempdir("search") / "store"
+    ctx.log(f"writing {ctx.size('search_mb')} MB of agent-mix logs")
+    written = asyncio.run(_write(root, ctx.size("search_mb") << 20))
+    rows: list[Row] = []
+    parse = [asyncio.run(_parse(root)) for _ in range(ctx.rounds)]
+    builds = []
+    child: dict[str, Any] = {}
+    for _ in range(ctx.rounds):
+        child = run_child(_REBUILD_CHILD, str(root), timeout=7200)
+        builds.append(child["seconds"])
+    mb = written / (1 << 20)
+    rows.append(compare(GROUP, f"index build rate ({mb:,.0f} MB of logs, {child['documents']:,} messages)",
+                        [mb / b for b in builds], [mb / p for p in parse], unit="MB/s",
+                        ref_name="a raw parse of the same logs (read + verify every record)"))
+    rows.append(info(GROUP, f"peak RSS of a full rebuild ({mb:,.0f} MB of logs)", child["maxrss_kb"] / 1024, "MB"))
+    index_file = root / ".search" / "index.sqlite3"
+    rows.append(info(GROUP, "index size against the logs' size", index_file.stat().st_size / written * 100, "%"))
+    rng = random.Random(3)
+    latencies = []
+    asyncio.run(search(root, "warmup", catch_up=False))
+    for q in _queries(rng, 200):
+        t = time.perf_counter()
+        asyncio.run(search(root, q, catch_up=False))
+        latencies.append((time.perf_counter() - t) * 1000)
+    rows.append(info(GROUP, f"search p50 ({mb:,.0f} MB of logs, 200 queries, 20 hits)", percentile(latencies, 50),
+                     "ms", samples=latencies))
+    rows.append(info(GROUP, f"search p99 ({mb:,.0f} MB of logs)", percentile(latencies, 99), "ms"))
+    apps = ctx.tempdir("search-appends") / "store"
+    on, on_close = asyncio.run(_appends(apps, True, 300))
+    off, _ = asyncio.run(_appends(apps, False, 300))
+    rows.append(compare(GROUP, "add_message p50 with the index kept current (fsync=always, 4 KB mix)",
+                        [percentile(on, 50)], [percentile(off, 50)], unit="ms", ref_name="search_index: false"))
+    rows.append(info(GROUP, "close waiting for the index thread (300 appends)", on_close * 1000, "ms"))
+    n = ctx.size("ls_sessions")
+    lsroot = ctx.tempdir("search-ls") / "store"
+    ctx.log(f"writing {n} small sessions")
+    asyncio.run(_ls_sessions(lsroot, n))
+    asyncio.run(list_sessions(lsroot))  # (the first catch-up indexes them all)
+    ours, ref = [], []
+    for _ in range(ctx.rounds):
+        t = time.perf_counter()
+        asyncio.run(list_sessions(lsroot))
+        ours.append((time.perf_counter() - t) * 1000)
+        ref.append(asyncio.run(_ls_by_opening(lsroot)) * 1000)
+    rows.append(compare(GROUP, f"ls at {n:,} sessions from the index (caught up: a stat per session)", ours, ref,
+                        unit="ms", ref_name="opening every session read-only"))
+    return rows

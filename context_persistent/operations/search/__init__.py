@@ -1,0 +1,22 @@
+"""Finding any session: a search projection of every log of a storage, and the session index ``ls`` reads.
+
+The index is one more projection of the logs (docs/search.md): rebuildable from them at any time
+(``rebuild``), caught up from each session's last indexed record by the store's writer (``background``, off
+the request path) and by every reader that finds it behind (``catch_up_storage``), and never trusted where it
+disagrees with them (a damaged file is built again; a hit is checked against its log before it is returned).
+
+Why it sits in ``operations`` and not above the store: the store's writer keeps it current, and erasure,
+redaction and retention must take text out of it, so the store (above) and erasure and trash (its siblings
+here) call into it; it imports only ``storage`` and ``model``, and no sibling (it is not allowed to import
+``erasure``, which imports it).
+
+Modules: ``text`` (what a message contributes, the query language; pure), ``fold`` (a session's documents from
+its log), ``sqlite_index`` (the embedded FTS5 index), ``indexer`` (catching up, rebuilding, forgetting),
+``erasing`` (the index's part in an erasure), ``background`` (the writer's thread), ``api`` (``search``,
+``list_sessions``).
+"""
+
+from .api import SearchHit, list_sessions, parse_since, rebuild_index, search
+from .text import QueryError
+
+__all__ = ["QueryError", "SearchHit", "list_sessions", "parse_since", "rebuild_index", "search"]

@@ -1,0 +1,118 @@
+"""The writer's side: a thread per storage that catches sessions up after their appends, off the request path.
+
+``notify`` costs the append a dictionary update and an event set (and, after an event that changed the history,
+a copy of the history's keys: a memcpy). The thread reads the new records from the log, as any reader would, in
+its own event loop and with its own connection to the index; ``flush`` (at close) waits for a session's work.
+A failure is logged and retried at the next notification: the log is the truth, the index catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+
+from .indexer import Snapshot, catch_up_session
+from .sqlite_index import SqliteIndex
+
+logger = logging.getLogger("context_persistent")
+#: The thread waits for this long without a notification before it catches up (a burst of appends is indexed
+#: once, after it, and the thread's work, which holds the GIL at times, does not slow the burst) ...
+QUIET = 0.25
+#: ... but never leaves work waiting longer than this.
+MAX_DELAY = 2.0
+
+
+class BackgroundIndexer:
+    """Catches up the sessions of one storage that this process writes."""
+
+    _instances: dict[Path, BackgroundIndexer] = {}
+    _guard = threading.Lock()
+
+    @classmethod
+    def for_storage(cls, storage: Path) -> BackgroundIndexer:
+        key = Path(storage).resolve()
+        with cls._guard:
+            inst = cls._instances.get(key)
+            if inst is None:
+                inst = cls._instances[key] = cls(key)
+            return inst
+
+    def __init__(self, storage: Path) -> None:
+        self.storage = storage
+        self._pending: dict[str, Snapshot | None] = {}
+        self._running: str | None = None
+        self._last = 0.0  # (monotonic time of the last notification)
+        self._since = 0.0  # (when the oldest pending work arrived)
+        self._urgent: set[str] = set()  # (sessions a flush waits for: no quiet period)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.errors: dict[str, str] = {}
+
+    def notify(self, sid: str, snapshot: Snapshot | None) -> None:
+        with self._cond:
+            now = time.monotonic()
+            if not self._pending:
+                self._since = now
+            self._last = now
+            if snapshot is not None or sid not in self._pending:
+                self._pending[sid] = snapshot
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="context-persistent-index", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, sid: str, timeout: float = 30.0) -> bool:
+        """Wait until the session's notified work is done; False if it was not done in ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            self._urgent.add(sid)
+            self._cond.notify_all()
+            while sid in self._pending or self._running == sid:
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._urgent.discard(sid)
+                    return False
+                self._cond.wait(left)
+            self._urgent.discard(sid)
+        return True
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        index = SqliteIndex(self.storage)
+        try:
+            while True:
+                with self._cond:
+                    while not self._pending:
+                        if not self._cond.wait(60.0):
+                            if not self._pending:
+                                self._thread = None
+                                return
+                    while not self._urgent & self._pending.keys():
+                        now = time.monotonic()
+                        wait = min(self._last + QUIET, self._since + MAX_DELAY) - now
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                    urgent = [s for s in self._pending if s in self._urgent]
+                    sid = urgent[0] if urgent else next(iter(self._pending))
+                    snapshot = self._pending.pop(sid)
+                    self._since = time.monotonic()
+                    self._running = sid
+                try:
+                    loop.run_until_complete(catch_up_session(index, self.storage, sid, snapshot=snapshot))
+                    self.errors.pop(sid, None)
+                except Exception as e:
+                    self.errors[sid] = str(e)
+                    logger.warning("search index: could not index session %s (%s); a later append or search "
+                                   "catches it up", sid, e)
+                    index.close()
+                finally:
+                    with self._cond:
+                        self._running = None
+                        self._cond.notify_all()
+        finally:
+            index.close()
+            loop.close()

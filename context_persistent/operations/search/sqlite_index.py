@@ -1,0 +1,317 @@
+"""The embedded search index: SQLite FTS5 (stdlib ``sqlite3``) in ``<storage>/.search/index.sqlite3``.
+
+Tables (layout ``LAYOUT``): ``meta`` (layout, tokenizer, last purge), ``sessions`` (one row per indexed session:
+its anchor, the last indexed record's seq, crc and position, the ``ls`` facts), ``docs`` (one row per message:
+key, role, time, whether the views show it, its fingerprint and where the log holds it), ``fts`` (the FTS5 table,
+``rowid`` = ``docs.id``, columns ``body`` and ``tools``), ``redacted`` (keys ``redacted`` events named, with
+the fingerprint of the message) and ``erasing`` (erasures in progress: docs/search.md, "Erasure").
+
+Removing text (a redaction, an erasure, an expiry, a trashed session) deletes its rows and then *purges*: FTS5
+``optimize`` merges the index into one segment without the deleted entries, ``secure_delete`` zeroes every
+freed page, and a ``TRUNCATE`` checkpoint empties the write-ahead log, so the text is in no page of the files.
+The index is a cache of the logs: a file that is not a database, has another layout or tokenizer, or fails
+a read is moved out of the way and built again from the logs, never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ...storage.paths import DIR_MODE, FILE_MODE, make_private_dirs
+from .fold import Doc
+from .text import MARK_CLOSE, MARK_OPEN, SEP
+
+logger = logging.getLogger("context_persistent")
+
+INDEX_DIR = ".search"
+INDEX_NAME = "index.sqlite3"
+LAYOUT = "1"
+TOKENIZE = f"unicode61 remove_diacritics 2 separators '{SEP}'"
+#: How long a statement waits for another process's write transaction (the writers of other sessions).
+BUSY_TIMEOUT = 60.0
+
+_DDL = f"""
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, last_seq INTEGER NOT NULL, last_crc TEXT, position INTEGER,
+    signature TEXT, state TEXT NOT NULL, messages INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    first_ts TEXT, last_ts TEXT, title TEXT);
+CREATE TABLE IF NOT EXISTS docs (
+    id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, key INTEGER NOT NULL, rec_seq INTEGER NOT NULL,
+    slot INTEGER NOT NULL, pos INTEGER, role TEXT NOT NULL, ts TEXT NOT NULL, in_view INTEGER NOT NULL,
+    fp BLOB NOT NULL, UNIQUE (session_id, key));
+CREATE TABLE IF NOT EXISTS redacted (session_id TEXT NOT NULL, key INTEGER NOT NULL, fp BLOB,
+    PRIMARY KEY (session_id, key));
+CREATE TABLE IF NOT EXISTS erasing (session_id TEXT NOT NULL, key INTEGER NOT NULL, pid INTEGER NOT NULL,
+    host TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (session_id, key));
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tools, tokenize="{TOKENIZE}");
+"""
+
+SESSION_FIELDS = ("session_id", "last_seq", "last_crc", "position", "signature", "state", "messages", "bytes",
+                  "first_ts", "last_ts", "title")
+
+
+class IndexDamaged(Exception):
+    """The index file cannot be used (not a database, another layout, a failed read): it is built again."""
+
+
+def index_path(storage: str | os.PathLike[str]) -> Path:
+    return Path(storage) / INDEX_DIR / INDEX_NAME
+
+
+def _private_open(path: Path) -> None:
+    """Create the file 0600 before SQLite does (SQLite gives its -wal and -shm files the database's mode)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    os.close(fd)
+
+
+class SqliteIndex:
+    """One connection to a storage's index. Not thread-safe: one owner (a thread) per instance."""
+
+    backend = "file"
+
+    def __init__(self, storage: str | os.PathLike[str], path: Path | None = None) -> None:
+        self.storage = Path(storage)
+        self.path = path if path is not None else index_path(storage)
+        self._db: sqlite3.Connection | None = None
+        self._ino: int | None = None
+
+    # -- opening --------------------------------------------------------------------------------------
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection; reopened when the file was replaced (a rebuild renames a new index over it)."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = None
+        if self._db is None or ino != self._ino:
+            self.close()
+            self._db = self._connect()
+            self._ino = os.stat(self.path).st_ino
+        return self._db
+
+    def _connect(self) -> sqlite3.Connection:
+        make_private_dirs(self.path.parent)
+        os.chmod(self.path.parent, DIR_MODE)
+        for attempt in range(2):
+            _private_open(self.path)
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+            try:
+                _prepare(db)
+                return db
+            except (IndexDamaged, sqlite3.DatabaseError) as e:
+                db.close()
+                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                    raise
+                if attempt:
+                    raise
+                logger.warning("search index %s cannot be used (%s): building it again from the logs", self.path, e)
+                discard(self.path)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``: other writers wait, readers go on)."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- sessions -------------------------------------------------------------------------------------
+    def session(self, sid: str) -> dict[str, Any] | None:
+        row = self.db.execute(f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions WHERE session_id = ?",
+                              (sid,)).fetchone()
+        return None if row is None else dict(zip(SESSION_FIELDS, row))
+
+    def sessions(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY session_id").fetchall()
+        return [dict(zip(SESSION_FIELDS, r)) for r in rows]
+
+    def signatures(self) -> dict[str, tuple[str | None, str]]:
+        return {sid: (sig, state) for sid, sig, state in
+                self.db.execute("SELECT session_id, signature, state FROM sessions")}
+
+    def save_session(self, row: dict[str, Any]) -> None:
+        self.db.execute(f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_FIELDS)}) VALUES "
+                        f"({', '.join('?' * len(SESSION_FIELDS))})", [row.get(f) for f in SESSION_FIELDS])
+
+    def mark_dirty(self, sid: str) -> None:
+        self.db.execute("UPDATE sessions SET state = 'dirty', title = NULL WHERE session_id = ?", (sid,))
+
+    def delete_session(self, sid: str, keep_row: bool = False) -> int:
+        """Remove a session's documents (and its row unless ``keep_row``); the number of documents removed."""
+        db = self.db
+        n = self._delete_docs("session_id = ?", (sid,))
+        db.execute("DELETE FROM redacted WHERE session_id = ?", (sid,))
+        if not keep_row:
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
+        return n
+
+    def _delete_docs(self, where: str, params: tuple[Any, ...]) -> int:
+        db = self.db
+        db.execute(f"DELETE FROM fts WHERE rowid IN (SELECT id FROM docs WHERE {where})", params)
+        return db.execute(f"DELETE FROM docs WHERE {where}", params).rowcount
+
+    # -- erasures in progress -------------------------------------------------------------------------
+    def erasing(self, sid: str) -> list[tuple[int, int, str, float]]:
+        return self.db.execute("SELECT key, pid, host, since FROM erasing WHERE session_id = ?", (sid,)).fetchall()
+
+    def add_erasing(self, sid: str, key: int, pid: int, host: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO erasing VALUES (?, ?, ?, ?, ?)", (sid, key, pid, host, time.time()))
+
+    def clear_erasing(self, sid: str) -> None:
+        self.db.execute("DELETE FROM erasing WHERE session_id = ?", (sid,))
+
+    # -- documents ------------------------------------------------------------------------------------
+    def insert_docs(self, sid: str, docs: Iterable[tuple[Doc, bool]]) -> int:
+        db = self.db
+        n = 0
+        for doc, in_view in docs:
+            cur = db.execute("INSERT INTO docs (session_id, key, rec_seq, slot, pos, role, ts, in_view, fp) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (sid, doc.key, doc.rec_seq, doc.slot, doc.pos, doc.role, doc.ts, int(in_view), doc.fp))
+            db.execute("INSERT INTO fts (rowid, body, tools) VALUES (?, ?, ?)", (cur.lastrowid, doc.body, doc.tools))
+            n += 1
+        return n
+
+    def set_view(self, sid: str, keys: set[int]) -> None:
+        """``in_view`` of each document of the session: whether its key is in ``keys`` (the history's)."""
+        db = self.db
+        change = [(int(k in keys), i) for i, k, v in
+                  db.execute("SELECT id, key, in_view FROM docs WHERE session_id = ?", (sid,)) if (k in keys) != v]
+        db.executemany("UPDATE docs SET in_view = ? WHERE id = ?", change)
+
+    def add_redacted(self, sid: str, keys: Iterable[int], prints: dict[int, bytes] | None = None) -> None:
+        """Record redacted keys with their messages' fingerprints (from ``prints``, else the documents)."""
+        db = self.db
+        for key in keys:
+            if prints is not None:
+                fp = prints.get(key)
+            else:
+                row = db.execute("SELECT fp FROM docs WHERE session_id = ? AND key = ?", (sid, key)).fetchone()
+                fp = None if row is None else row[0]
+            db.execute("INSERT OR REPLACE INTO redacted VALUES (?, ?, ?)", (sid, key, fp))
+
+    def delete_hidden(self, sid: str) -> int:
+        """Apply the redaction rule (fold.hidden) to the session's documents; how many were removed."""
+        return self._delete_docs(
+            "session_id = ? AND in_view = 0 AND (key IN (SELECT key FROM redacted WHERE session_id = ?) OR "
+            "fp IN (SELECT fp FROM redacted WHERE session_id = ? AND fp IS NOT NULL))", (sid, sid, sid))
+
+    def view_facts(self, sid: str) -> tuple[int, str | None]:
+        """The number of messages in the views and the title (the first user message's text)."""
+        db = self.db
+        n = db.execute("SELECT count(*) FROM docs WHERE session_id = ? AND in_view = 1", (sid,)).fetchone()[0]
+        row = db.execute("SELECT f.body FROM docs d JOIN fts f ON f.rowid = d.id WHERE d.session_id = ? AND "
+                         "d.in_view = 1 AND d.role = 'user' ORDER BY d.key LIMIT 1", (sid,)).fetchone()
+        return n, (None if row is None else title_of(row[0]))
+
+    # -- removing text for good -----------------------------------------------------------------------
+    def purge(self) -> None:
+        """Rewrite the FTS index without deleted entries and empty the write-ahead log (module docstring)."""
+        db = self.db
+        db.execute("INSERT INTO fts (fts) VALUES ('optimize')")
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('purged_at', ?)", (repr(time.time()),))
+        for _ in range(600):  # a reader's snapshot keeps old frames in use: wait for it to end
+            busy, _log, _done = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy and os.path.getsize(str(self.path) + "-wal") == 0:
+                return
+            time.sleep(0.05)
+        raise sqlite3.OperationalError(f"{self.path}: could not empty the write-ahead log (a reader kept it busy "
+                                       "for 30 s)")
+
+    # -- reading --------------------------------------------------------------------------------------
+    def search(self, fts_query: str, *, session_id: str | None, role: str | None, since: str | None,
+               all_messages: bool, limit: int) -> list[dict[str, Any]]:
+        where = ["fts MATCH ?"]
+        params: list[Any] = [fts_query]
+        if not all_messages:
+            where.append("d.in_view = 1")
+        if session_id is not None:
+            where.append("d.session_id = ?")
+            params.append(session_id)
+        if role is not None:
+            where.append("d.role = ?")
+            params.append(role)
+        if since is not None:
+            where.append("d.ts >= ?")
+            params.append(since)
+        params.append(limit)
+        # Ranked first, snippets after: a snippet tokenises its document again, so only the hits returned get one.
+        sql = (f"SELECT d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
+               f"bm25(fts) FROM fts JOIN docs d ON d.id = fts.rowid WHERE {' AND '.join(where)} "
+               f"ORDER BY bm25(fts) LIMIT ?")
+        names = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score")
+        rows = [dict(zip(names, r)) for r in self.db.execute(sql, params)]
+        if rows:
+            ids = [r["id"] for r in rows]
+            snippets = dict(self.db.execute(
+                f"SELECT rowid, snippet(fts, -1, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16) FROM fts WHERE fts MATCH ? "
+                f"AND rowid IN ({', '.join('?' * len(ids))})", [fts_query, *ids]))
+            for r in rows:
+                r["snippet"] = snippets.get(r["id"], "")
+        return rows
+
+    def contents(self) -> dict[str, Any]:
+        """Everything the index says (sessions without their signature, documents with their texts): what a
+        test compares with a rebuild."""
+        db = self.db
+        sessions = {r["session_id"]: {k: v for k, v in r.items() if k != "signature"} for r in self.sessions()}
+        docs = sorted(db.execute("SELECT d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, "
+                                 "d.fp, f.body, f.tools FROM docs d JOIN fts f ON f.rowid = d.id"))
+        return {"sessions": sessions, "docs": docs}
+
+
+def title_of(body: str) -> str:
+    text = " ".join(body.replace(SEP, "").split())
+    return text if len(text) <= 100 else text[:99] + "…"
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA secure_delete = ON")
+    mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if mode != "wal":
+        raise IndexDamaged(f"journal mode {mode}")
+    db.execute("PRAGMA synchronous = NORMAL")
+    have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "meta" not in have:
+        if have:
+            raise IndexDamaged("tables of another program")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+                for statement in _DDL.split(";\n"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.executemany("INSERT INTO meta VALUES (?, ?)", [("layout", LAYOUT), ("tokenize", TOKENIZE)])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    meta = dict(db.execute("SELECT name, value FROM meta"))
+    if meta.get("layout") != LAYOUT or meta.get("tokenize") != TOKENIZE:
+        raise IndexDamaged(f"layout {meta.get('layout')!r} / tokenizer {meta.get('tokenize')!r}, this program "
+                           f"writes {LAYOUT!r} / {TOKENIZE!r}")
+
+
+def discard(path: Path) -> None:
+    """Remove an index file and its write-ahead log and shared-memory files."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(path) + suffix)

@@ -1,0 +1,232 @@
+"""The search projection (docs/search.md): the index equals a rebuild from the logs after any sequence of
+operations, never shows (nor keeps in its files) what the log no longer shows, and the query language."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_persistent import PersistentContextManager, QueryError, list_sessions, search
+from context_persistent.operations import trash
+from context_persistent.model.retention import RetentionPolicy
+from context_persistent.operations.search.indexer import catch_up_storage, rebuild
+from context_persistent.operations.search.sqlite_index import SqliteIndex, index_path
+
+
+def _contents(storage: Path, path: Path | None = None) -> dict[str, Any]:
+    index = SqliteIndex(storage, path)
+    try:
+        return index.contents()
+    finally:
+        index.close()
+
+
+async def _caught_up(storage: Path) -> dict[str, Any]:
+    index = SqliteIndex(storage)
+    try:
+        await catch_up_storage(index, storage)
+        return index.contents()
+    finally:
+        index.close()
+
+
+def _index_bytes(storage: Path) -> bytes:
+    folder = index_path(storage).parent
+    return b"".join(p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file())
+
+
+async def _rebuilt(storage: Path) -> dict[str, Any]:
+    await rebuild(storage)
+    return _contents(storage)
+
+
+def _msg(rng: random.Random, n: int) -> dict[str, Any]:
+    words = ["alpha", "kubernetes", "ingress", "数据库连接", "שלום", "🚀 launch", "pool", "deploy"]
+    kind = rng.randrange(4)
+    text = f"w{n} " + " ".join(rng.choice(words) for _ in range(rng.randrange(1, 6)))
+    if kind == 0:
+        return {"role": "user", "content": text}
+    if kind == 1:
+        return {"role": "assistant", "content": text, "tool_calls": [
+            {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]}
+    if kind == 2:
+        return {"role": "tool", "tool_call_id": f"c{n}", "name": "bash", "content": text}
+    return {"role": "assistant", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_index_equals_a_rebuild_after_random_operations(storage: Path, seed: int) -> None:
+    """After random appends, clears, replacements, redactions, pins, system prompts, erasures and trash/restore
+    over three sessions, catching up gives exactly what a rebuild from the logs gives, at every step."""
+    rng = random.Random(seed)
+    n = 0
+    for step in range(8):
+        sid = f"s{rng.randrange(3)}"
+        op = rng.choice(["append", "append", "clear", "replace", "redact", "pin", "prompt", "erase", "trash"])
+        if op == "trash":
+            if (storage / sid).exists():
+                await trash.apply_file(storage, RetentionPolicy(max_sessions=2))
+            if trash.trash_dir(storage).exists() and rng.random() < 0.5:
+                entries = await trash.list_trash(storage)
+                if entries:
+                    await trash.restore(storage, entries[0]["entry"])
+        else:
+            async with await PersistentContextManager.open(storage_path=storage, session_id=sid,
+                                                           search_index=rng.random() < 0.7) as store:
+                for _ in range(rng.randrange(1, 5)):
+                    n += 1
+                    await store.add_message(_msg(rng, n))
+                count = len(await store.get_messages())
+                if op == "clear":
+                    await store.clear()
+                elif op == "replace" and count:
+                    kept = (await store.get_messages())[: rng.randrange(count)]
+                    await store.replace_messages(kept + [_msg(rng, n + 1000)])
+                elif op == "redact" and count:
+                    await store.redact(rng.randrange(count))
+                elif op == "pin" and count:
+                    await store.pin(rng.randrange(count))
+                elif op == "prompt":
+                    await store.add_message({"role": "system", "content": f"prompt {n} be brief"})
+                elif op == "erase" and count:
+                    await store.erase(rng.randrange(count))
+        if rng.random() < 0.6:
+            assert await _caught_up(storage) == await _rebuilt(storage), f"step {step} ({op})"
+    assert await _caught_up(storage) == await _rebuilt(storage)
+
+
+async def test_the_writer_keeps_the_index_current_off_the_request_path(storage: Path) -> None:
+    """A session written and closed is in the index without any reader catching it up, clears and
+    replacements included (the writer's thread, with the history's keys it hands over)."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="w") as store:
+        await store.add_message({"role": "user", "content": "first about pelicans"})
+        await store.add_message({"role": "assistant", "content": "pelicans fly"})
+        await store.clear()
+        await store.add_message({"role": "user", "content": "now about herons"})
+    hits = await search(storage, "herons", catch_up=False)
+    assert [(h.session_id, h.seq) for h in hits] == [("w", 5)]
+    assert await search(storage, "pelicans", catch_up=False) == []
+    assert len(await search(storage, "pelicans", catch_up=False, all_messages=True)) == 2
+    assert _contents(storage) == await _rebuilt(storage)
+
+
+async def test_erased_redacted_and_trashed_text_leaves_the_index_files(storage: Path) -> None:
+    """An erased, a redacted and a trashed message are found by no search and their words are in no byte of
+    the index's files (the database, its write-ahead log, its shared memory), while other text stays."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="p") as store:
+        await store.add_message({"role": "user", "content": "keep zzkeepword here"})
+        await store.add_message({"role": "user", "content": "my password is qqerasedword"})
+        await store.add_message({"role": "user", "content": "and vvredactedword too"})
+        await store.add_message({"role": "user", "content": "again vvredactedword too"})
+    async with await PersistentContextManager.open(storage_path=storage, session_id="gone") as store:
+        await store.add_message({"role": "user", "content": "a session about yytrashedword"})
+    for word in ("zzkeepword", "qqerasedword", "vvredactedword", "yytrashedword"):
+        assert await search(storage, word, all_messages=True), word
+    async with await PersistentContextManager.open(storage_path=storage, session_id="p") as store:
+        await store.redact(seq=4)
+        await store.redact(seq=5)
+        await store.clear()  # (out of the views: still searchable with all_messages until erased)
+        receipt = await store.erase(seq=3)
+        assert receipt["index"]["action"] == "purged"
+        assert await store.verify_erasure(receipt) == []
+    await trash.apply_file(storage, RetentionPolicy(max_sessions=1))  # ("p" was active last)
+    assert not (storage / "gone").exists()
+    for word in ("qqerasedword", "vvredactedword", "yytrashedword"):
+        assert await search(storage, word, all_messages=True) == [], word
+        assert word.encode() not in _index_bytes(storage), word
+    assert await search(storage, "zzkeepword", all_messages=True)
+    assert b"zzkeepword" in _index_bytes(storage)
+
+
+async def test_expired_segments_leave_the_index(storage: Path) -> None:
+    """Messages of expired segments leave the index (and its files); the carried system prompt stays."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="seg", segment_bytes=4096) as s:
+        await s.add_message({"role": "system", "content": "be brief ppromptword"})
+        for i in range(60):
+            await s.add_message({"role": "user", "content": f"message {i} xexp{i}word " + "s" * 300})
+    assert await search(storage, "xexp0word")
+    await trash.apply_file(storage, RetentionPolicy(max_segments=1))
+    assert await search(storage, "xexp0word") == [] and b"xexp0word" not in _index_bytes(storage)
+    assert await search(storage, "xexp59word") and await search(storage, "ppromptword")
+    assert _contents(storage) == await _rebuilt(storage)
+
+
+async def test_a_damaged_or_lost_index_is_rebuilt_never_trusted(storage: Path) -> None:
+    """A garbage index file, or a lost one, is built again from the logs; a document the log does not hold
+    (an index changed behind the log's back) is never returned as a hit."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="d") as store:
+        await store.add_message({"role": "user", "content": "about otters"})
+    expected = await _rebuilt(storage)
+    index_path(storage).write_bytes(b"not a database at all" * 100)
+    assert [h.seq for h in await search(storage, "otters")] == [2]
+    assert _contents(storage) == expected
+    for p in index_path(storage).parent.iterdir():
+        p.unlink()
+    assert [h.seq for h in await search(storage, "otters")] == [2]
+    db = sqlite3.connect(index_path(storage))
+    db.execute("UPDATE docs SET fp = x'00'")  # the index no longer agrees with the log
+    db.commit()
+    db.close()
+    assert [h.seq for h in await search(storage, "otters")] == [2]
+    assert _contents(storage) == expected
+
+
+async def test_unicode_huge_outputs_and_filters(storage: Path) -> None:
+    """CJK words inside sentences, RTL text and text around emoji are found; a 3 MB tool output is indexed up
+    to its first MiB; role, session and since filter; ls lists counts, sizes, times and the title."""
+    huge = "startmarker " + "x " * 1_500_000 + " endmarker"
+    async with await PersistentContextManager.open(storage_path=storage, session_id="u") as store:
+        await store.add_message({"role": "user", "content": "我们讨论了数据库连接池的问题"})
+        await store.add_message({"role": "assistant", "content": "שלום עולם and 🚀 rocketword"})
+        await store.add_message({"role": "tool", "tool_call_id": "1", "name": "bash", "content": huge})
+    assert [h.seq for h in await search(storage, "数据库")] == [2]
+    assert "[数据库]" in (await search(storage, "数据库"))[0].snippet
+    assert [h.seq for h in await search(storage, "עולם")] == [3]
+    assert [h.seq for h in await search(storage, "rocketword")] == [3]
+    assert [h.seq for h in await search(storage, "startmarker")] == [4]
+    assert await search(storage, "endmarker") == []  # (beyond the first MiB of text)
+    assert [h.seq for h in await search(storage, "tools:bash")] == [4]
+    assert await search(storage, "rocketword", role="user") == []
+    assert await search(storage, "rocketword", session_id="other") == []
+    assert await search(storage, "rocketword", since="2999-01-01") == []
+    assert await search(storage, "rocketword", since="1d")
+    [row] = await list_sessions(storage)
+    assert row["messages"] == 3 and row["events"] == 4 and row["title"] == "我们讨论了数据库连接池的问题"
+    assert row["bytes"] == (storage / "u" / "events.jsonl").stat().st_size and row["first_ts"] <= row["last_ts"]
+    assert os.stat(index_path(storage)).st_mode & 0o777 == 0o600
+    assert os.stat(index_path(storage).parent).st_mode & 0o777 == 0o700
+
+
+HOSTILE = ['"', '"""', "(", ")", "AND", "OR OR", "NOT", "a AND", "NEAR(", "NEAR(a b, -1)", "*", "**", "a**",
+           "body:", "nosuch:x", "{body tools}:x", "x" * 5000, "\x00", "'; DROP TABLE docs; --", "^", "a:b:c",
+           "\u2063", "(((((((((((((((a)))))))))))))))" * 20, "-", "+", "\\", "🚀", "数*", "a OR (b AND NOT c",
+           "NEAR(a b, 99999999999999999999)", "\ud800", "   ", ""]
+
+
+@pytest.mark.parametrize("query", HOSTILE)
+async def test_hostile_queries_are_an_error_or_an_answer(storage: Path, query: str) -> None:
+    """Every hostile query either runs or raises QueryError with a one-line message; the index is unchanged."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="h") as store:
+        await store.add_message({"role": "user", "content": "a b c plain text"})
+    before = await _caught_up(storage)
+    try:
+        await search(storage, query)
+    except QueryError as e:
+        assert "\n" not in str(e) and str(e)
+    assert _contents(storage) == before
+
+
+def test_query_language_passes_fts5_through_and_quotes_punctuation() -> None:
+    """Operators, phrases, prefixes and columns pass through; punctuation inside a word makes a phrase."""
+    from context_persistent.operations.search.text import translate
+
+    assert translate('"connection refused" AND postgres*') == '"connection refused" AND postgres*'
+    assert translate("can't") == '"can t"'
+    assert translate("tools:bash OR NOT x") == "tools:bash OR NOT x"
+    with pytest.raises(QueryError, match="unknown column"):
+        translate("{body nosuch}:x")
