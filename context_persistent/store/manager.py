@@ -108,6 +108,7 @@ class PersistentContextManager:
         self._views = RequestViews(s, self._ledger, writer, self._export_reasoning)
         s.checkpoints.front_hints = self._views.front_hints
         s.checkpoints.token_total = self._ledger.summed
+        s.checkpoints.view_prefix = self._views.bounds.hint
         self._prompt = SystemPrompt(s, writer)
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
@@ -439,7 +440,9 @@ class PersistentContextManager:
         await self._prompt.refresh()
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
-        self._usage.serve(self._s.state.head_seq, view.token_count, provider)
+        exact = view.stats.get("token_count_exact", True)
+        self._usage.serve(self._s.state.head_seq, view.token_count if exact else self._views.exact_total(view),
+                          provider)
         if self._s.config["copy_request_view"]:
             return copy_json(view.messages)
         return list(view.messages)
@@ -452,7 +455,7 @@ class PersistentContextManager:
         """
         self._s.check_open()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source, exact=True)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:

@@ -155,7 +155,9 @@ class Session:
         return [(k, current[where[k]]) for k in keys if k in where], messages.pager if paged else None
 
     def tokenizer_name(self) -> str:
-        return self.counter.name
+        """The counter the history's counts were made by, for a checkpoint: loads no encoding (a process that
+        counted nothing writes the requested name, which the counts it restored carry)."""
+        return self.counter.current
 
     def ref_positions(self, first_seq: int, lines: Sequence[bytes]) -> list[int | None]:
         """Where a paged history finds each of ``lines`` (the records from ``first_seq`` on, about to be
