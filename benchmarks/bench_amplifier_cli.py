@@ -13,6 +13,10 @@ module: mount (our store opens there), every method the CLI and the orchestrator
 Without compaction (the scripted provider reports a context window larger than the history, and both modules
 take their budget from it) for every size; with compaction (the provider's 200k window: both compact) at 10k
 messages of 300 B, where context-simple's compaction is what costs.
+
+Before the timed rounds each session runs one untimed resumed turn: the session as a CLI user has it, which
+the CLI has resumed before (ours then has the checkpoint its previous turn left; context-simple keeps nothing
+between processes, so its warm-up turn is skipped where it would only compact for minutes).
 """
 
 from __future__ import annotations
@@ -132,6 +136,10 @@ def run(ctx: Ctx) -> list[Row]:
         for key, module in MODULES.items():
             ctx.log(f"{module}: a session of {label}")
             sessions[key] = _session(ctx, host, realhost, module, n, size, window)
+        for key in MODULES:  # one untimed turn each: a session the CLI has run before
+            if key == "ours" or window == NO_COMPACTION_WINDOW:
+                ctx.log(f"{label}, warm-up turn: {MODULES[key]}")
+                _turn(*sessions[key], "warm-up")
         for r in range(rounds):
             for key in MODULES:  # alternate, so both share the machine's noise
                 ctx.log(f"{label}, round {r + 1}/{rounds}: {MODULES[key]}")

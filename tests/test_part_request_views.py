@@ -41,21 +41,24 @@ async def test_a_view_is_cached_and_extended_after_an_append(storage: Path, rebu
     """The second request at the same budget builds nothing; one appended message extends the view; a lower
     budget the view still fits under keeps it, a higher one or one it no longer fits under builds anew."""
     session, writer, views, _ = await views_over(storage, 3)
-    first = await views.view(100_000, "explicit")
+
+    async def exact(budget: int) -> Any:
+        return await views.view(budget, "explicit", exact=True)
+    first = await exact(100_000)
     assert first.messages == session.state.messages and not first.compacted and rebuilds.count == 1
-    assert await views.view(100_000, "explicit") is first and rebuilds.count == 1
+    assert await exact(100_000) is first and rebuilds.count == 1
     await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "user", "content": "one more"}})
-    grown = await views.view(100_000, "explicit")
+    grown = await exact(100_000)
     assert grown.messages[-1] == {"role": "user", "content": "one more"} and rebuilds.count == 1
-    assert await views.view(50_000, "explicit") is grown and rebuilds.count == 1  # (still far under 92%)
+    assert await exact(50_000) is grown and rebuilds.count == 1  # (still far under 92%)
     await writer.commit(ev.MESSAGE_ADDED, {"message": {"role": "assistant", "content": "ok"}})
-    assert (await views.view(50_000, "explicit")).messages[-1]["content"] == "ok" and rebuilds.count == 1
-    await views.view(100_000, "explicit")  # (the budget it was built for: still the cached view)
+    assert (await exact(50_000)).messages[-1]["content"] == "ok" and rebuilds.count == 1
+    await exact(100_000)  # (the budget it was built for: still the cached view)
     assert rebuilds.count == 1
-    await views.view(150_000, "explicit")  # a higher budget: built for the room it gives
+    await exact(150_000)  # a higher budget: built for the room it gives
     assert rebuilds.count == 2
     small = grown.token_count // 2
-    assert (await views.view(small, "explicit")).token_count <= small and rebuilds.count == 3
+    assert (await exact(small)).token_count <= small and rebuilds.count == 3
     await session.log.close()
 
 

@@ -7,15 +7,18 @@ import os
 import random
 import sqlite3
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from context_persistent import PersistentContextManager, QueryError, list_sessions, search
+from context_persistent import PersistentContextManager, QueryError, SessionTrashedError, list_sessions, search
 from context_persistent.operations import trash
 from context_persistent.model.retention import RetentionPolicy
 from context_persistent.operations.search.indexer import catch_up_storage, rebuild
 from context_persistent.operations.search.sqlite_index import SqliteIndex, index_path
+from pgfixtures import pg_dsn, run_sql  # noqa: F401
+from search_backends import FileBackend, PgBackend, fresh_schema
 
 
 def _contents(storage: Path, path: Path | None = None) -> dict[str, Any]:
@@ -59,25 +62,41 @@ def _msg(rng: random.Random, n: int) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "text", "text": text}]}
 
 
+@pytest.fixture(params=["file", "postgres"])
+def backend(request: pytest.FixtureRequest, storage: Path, tmp_path: Path) -> Iterator[Any]:
+    """The search index on each backend (PostgreSQL in a schema of its own: retention acts on all of one)."""
+    if request.param == "file":
+        yield FileBackend(storage)
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = fresh_schema()
+    yield PgBackend(dsn, schema, tmp_path)
+    run_sql(dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 @pytest.mark.parametrize("seed", range(6))
-async def test_the_index_equals_a_rebuild_after_random_operations(storage: Path, seed: int) -> None:
+async def test_the_index_equals_a_rebuild_after_random_operations(backend: Any, seed: int) -> None:
     """After random appends, clears, replacements, redactions, pins, system prompts, erasures and trash/restore
-    over three sessions, catching up gives exactly what a rebuild from the logs gives, at every step."""
+    over three sessions, catching up gives exactly what a rebuild from the logs gives, at every step, on the
+    file backend and on PostgreSQL."""
     rng = random.Random(seed)
     n = 0
     for step in range(8):
         sid = f"s{rng.randrange(3)}"
         op = rng.choice(["append", "append", "clear", "replace", "redact", "pin", "prompt", "erase", "trash"])
         if op == "trash":
-            if (storage / sid).exists():
-                await trash.apply_file(storage, RetentionPolicy(max_sessions=2))
-            if trash.trash_dir(storage).exists() and rng.random() < 0.5:
-                entries = await trash.list_trash(storage)
-                if entries:
-                    await trash.restore(storage, entries[0]["entry"])
+            if await backend.has(sid):
+                await backend.trash(RetentionPolicy(max_sessions=2))
+            if rng.random() < 0.5:
+                await backend.restore_one()
         else:
-            async with await PersistentContextManager.open(storage_path=storage, session_id=sid,
-                                                           search_index=rng.random() < 0.7) as store:
+            try:
+                store = await backend.open(sid, search_index=rng.random() < 0.7)
+            except SessionTrashedError:
+                while await backend.restore_one() and not await backend.has(sid):
+                    pass
+                store = await backend.open(sid, search_index=rng.random() < 0.7)
+            async with store:
                 for _ in range(rng.randrange(1, 5)):
                     n += 1
                     await store.add_message(_msg(rng, n))
@@ -96,8 +115,8 @@ async def test_the_index_equals_a_rebuild_after_random_operations(storage: Path,
                 elif op == "erase" and count:
                     await store.erase(rng.randrange(count))
         if rng.random() < 0.6:
-            assert await _caught_up(storage) == await _rebuilt(storage), f"step {step} ({op})"
-    assert await _caught_up(storage) == await _rebuilt(storage)
+            assert await backend.caught_up() == await backend.rebuilt(), f"step {step} ({op})"
+    assert await backend.caught_up() == await backend.rebuilt()
 
 
 async def test_the_writer_keeps_the_index_current_off_the_request_path(storage: Path) -> None:
@@ -230,3 +249,43 @@ def test_query_language_passes_fts5_through_and_quotes_punctuation() -> None:
     assert translate("tools:bash OR NOT x") == "tools:bash OR NOT x"
     with pytest.raises(QueryError, match="unknown column"):
         translate("{body nosuch}:x")
+
+
+async def test_a_storage_whose_index_cannot_be_written_is_still_searched_and_listed(
+        storage: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """When the storage's index cannot be written (the index file refuses writes), search and ls work on a
+    private temporary index built from the logs, with one warning, and leave nothing behind."""
+    import tempfile
+
+    async with await PersistentContextManager.open(storage_path=storage, session_id="ro",
+                                                   search_index=False) as store:
+        await store.add_message({"role": "user", "content": "readonly otters"})
+    real = SqliteIndex._connect
+
+    def refuse(self: SqliteIndex) -> sqlite3.Connection:
+        if self.path == index_path(storage):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return real(self)
+
+    monkeypatch.setattr(SqliteIndex, "_connect", refuse)
+    before = set(Path(tempfile.gettempdir()).iterdir())
+    assert [h.seq for h in await search(storage, "otters")] == [2]
+    [row] = await list_sessions(storage)
+    assert row["title"] == "readonly otters" and row["messages"] == 1
+    warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(warned) == 2 and "temporary index" in warned[0]
+    assert set(Path(tempfile.gettempdir()).iterdir()) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to any folder: the permission cannot be tested")
+async def test_a_read_only_storage_folder_is_searched(storage: Path) -> None:
+    """A storage folder without write permission (no index yet): search and ls still work."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id="ro",
+                                                   search_index=False) as store:
+        await store.add_message({"role": "user", "content": "readonly otters"})
+    os.chmod(storage, 0o500)
+    try:
+        assert [h.seq for h in await search(storage, "otters")] == [2]
+        assert [r["session_id"] for r in await list_sessions(storage)] == ["ro"]
+    finally:
+        os.chmod(storage, 0o700)

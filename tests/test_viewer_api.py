@@ -271,3 +271,31 @@ def test_the_viewer_writes_nothing_and_takes_no_lock(client: TestClient, built: 
             return store.head_seq
 
     assert asyncio.run(write()) > 0
+
+
+def test_the_served_search_is_the_projection_and_never_writes_to_the_storage(
+        tmp_path: Path) -> None:
+    """The search `serve` gives the viewer (search.ProjectionSearch) finds a session's words through an index of
+    its own: the storage's files are as they were (no `.search` folder made), a redacted message is not found,
+    and a bad query is a 400 naming it."""
+    from context_persistent.viewer.search import ProjectionSearch
+
+    storage = tmp_path / "store"
+    asyncio.run(build(storage))
+    before = _tree(storage)
+    source = Source(storage)
+    searching = ProjectionSearch(source)
+    app = create_app(source, TOKEN, port=PORT, extensions=Extensions(search=searching))
+    try:
+        with TestClient(app, headers={"authorization": f"Bearer {TOKEN}"}) as c:
+            assert _get(c, "/api/info")["features"]["search"] is True
+            hits = _get(c, "/api/search", q="accented")["hits"]
+            assert hits and {h["session_id"] for h in hits} >= {"agent"} and all(h["seq"] >= 1 for h in hits)
+            assert "[accented]" in hits[0]["snippet"]
+            assert _get(c, "/api/search", q="REDACT")["hits"] == []  # (the redacted message: gone from every view)
+            r = c.get("/api/search", params={"q": 'accented AND "'})
+            assert r.status_code == 400 and "unbalanced double quote" in r.json()["error"]
+        after = _tree(storage)
+        assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    finally:
+        searching.close()

@@ -1,5 +1,5 @@
 """``search`` (full-text search over every session), ``index rebuild|status`` (the search index), and what the
-index brings to two commands of cli/inspect.py: ``ls`` on the file backend reads the index, and ``show`` gains
+index brings to two commands of cli/inspect.py: ``ls`` reads the index (both backends), and ``show`` gains
 ``--around SEQ [-C N]`` (docs/search.md). ``register`` runs after inspect's and takes those two over (their
 parsers are inspect's; the handlers here fall back to inspect's for everything else), so that inspect.py does
 not depend on this module: the commands import one way."""
@@ -19,17 +19,20 @@ from .output import human_size, paint, print_json, role_label, short_time, table
 EXIT_HITS, EXIT_NONE = 0, 1
 
 
-def _file_only(args: argparse.Namespace, what: str) -> None:
-    if backend_of(args):
-        raise UsageError(f"{what} works on the file backend only for now (docs/search.md, 'PostgreSQL')")
+def _where_index(args: argparse.Namespace) -> dict[str, Any]:
+    """``storage`` and, with ``--dsn``, ``dsn`` and ``pg_schema``: the index the command reads."""
+    backend = backend_of(args)
+    if backend:
+        return {"storage": None, "dsn": backend["dsn"], "pg_schema": backend.get("pg_schema")}
+    return {"storage": require_storage(args)}
 
 
 async def _search(args: argparse.Namespace) -> int:
     from ..operations.search import search
 
-    _file_only(args, "search")
-    hits = await search(require_storage(args), args.query, session_id=args.session, role=args.role,
-                        since=args.since, limit=args.limit, all_messages=args.all)
+    target = _where_index(args)
+    hits = await search(target.pop("storage"), args.query, session_id=args.session, role=args.role,
+                        since=args.since, limit=args.limit, all_messages=args.all, **target)
     if args.json:
         print_json({"query": args.query, "hits": [{"session_id": h.session_id, "seq": h.seq, "index": h.index,
                                                     "role": h.role, "ts": h.ts, "snippet": h.snippet,
@@ -48,11 +51,12 @@ async def _search(args: argparse.Namespace) -> int:
 
 
 async def ls_from_index(args: argparse.Namespace) -> int:
-    """``ls`` on the file backend: the sessions as the search index lists them (caught up first)."""
+    """``ls``: the sessions as the search index lists them (caught up first), on either backend."""
     from ..operations.search import list_sessions
     from .inspect import _where
 
-    rows = await list_sessions(require_storage(args))
+    target = _where_index(args)
+    rows = await list_sessions(target.pop("storage"), **target)
     where, source = _where(args)
     if args.json:
         print_json({"storage": where, "storage_source": source, "sessions": [
@@ -121,27 +125,26 @@ async def show_around(args: argparse.Namespace, store: Any) -> None:
 
 async def _index(args: argparse.Namespace) -> int:
     from ..operations.search import list_sessions, rebuild_index
-    from ..operations.search.sqlite_index import index_path
 
-    _file_only(args, "index")
-    storage = require_storage(args)
+    where = _where_index(args)
+    storage = where.pop("storage")
+    shown = await _index_name(storage, where)
     if args.action == "rebuild":
         started = time.perf_counter()
-        outcomes = await rebuild_index(storage)
+        outcomes = await rebuild_index(storage, **where)
         failed = [o for o in outcomes if o.skipped]
         took = time.perf_counter() - started
         if args.json:
             print_json({"sessions": len(outcomes), "documents": sum(o.added for o in outcomes), "seconds": took,
                         "failed": [{"session_id": o.session_id, "error": o.skipped} for o in failed]})
         else:
-            print(f"rebuilt {index_path(storage)}: {len(outcomes)} session(s), "
+            print(f"rebuilt {shown}: {len(outcomes)} session(s), "
                   f"{sum(o.added for o in outcomes)} message(s) in {took:.1f} s")
             for o in failed:
                 print(f"  NOT INDEXED {o.session_id}: {o.skipped}")
         return 1 if failed else 0
-    rows = await list_sessions(storage)
-    path = index_path(storage)
-    info = {"index": str(path), "bytes": sum(p.stat().st_size for p in path.parent.glob(path.name + "*")),
+    rows = await list_sessions(storage, **where)
+    info = {"index": shown, "bytes": await _index_bytes(storage, where),
             "sessions": len(rows), "messages": sum(r.get("messages", 0) for r in rows)}
     if args.json:
         print_json(info)
@@ -149,6 +152,31 @@ async def _index(args: argparse.Namespace) -> int:
         print(f"{info['index']}: {info['sessions']} session(s), {info['messages']} message(s) in the views, "
               f"{human_size(info['bytes'])}")
     return 0
+
+
+async def _index_name(storage: str | None, where: dict[str, Any]) -> str:
+    if storage is not None:
+        from ..operations.search.sqlite_index import index_path
+
+        return str(index_path(storage))
+    from ..storage.pg import redact_dsn, resolve_schema
+
+    return f"{redact_dsn(where['dsn'])} schema {resolve_schema(where.get('pg_schema'))} (search_* tables)"
+
+
+async def _index_bytes(storage: str | None, where: dict[str, Any]) -> int:
+    if storage is not None:
+        from ..operations.search.sqlite_index import index_path
+
+        path = index_path(storage)
+        return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    from ..operations.search.pg_index import PgIndex
+
+    index = PgIndex(where["dsn"], where.get("pg_schema"))
+    try:
+        return await index.size_bytes()
+    finally:
+        await index.aclose()
 
 
 def _run(coro_fn: Any) -> Any:
@@ -168,12 +196,11 @@ def _limit(text: str) -> int:
 
 
 def _take_over(sub: Any) -> None:
-    """``ls`` (file backend) from the index; ``show --around``."""
+    """``ls`` from the index (both backends); ``show --around``."""
     from .common import _whole_number
 
     ls = sub.choices["ls"]
-    plain_ls = ls.get_default("func")
-    ls.set_defaults(func=lambda args: plain_ls(args) if backend_of(args) else asyncio.run(ls_from_index(args)))
+    ls.set_defaults(func=lambda args: asyncio.run(ls_from_index(args)))
     show = sub.choices["show"]
     plain_show = show.get_default("func")
     show.add_argument("--around", type=_whole_number("an event seq"), metavar="SEQ",
@@ -207,7 +234,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_run(_search))
 
     p = sub.add_parser("index", parents=[common], help="the search index: rebuild it from the logs, or its status",
-                       description="The search index (<storage>/.search/index.sqlite3) is a projection of the logs: "
+                       description="The search index (<storage>/.search/index.sqlite3, or with --dsn the schema's "
+                       "search_* tables) is a projection of the logs: "
                        "`rebuild` makes it again from the logs alone; `status` catches it up and counts.",
                        epilog="examples:\n  context-persistent index rebuild\n  context-persistent index status --json\n",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

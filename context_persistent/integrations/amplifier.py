@@ -8,12 +8,15 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..store.config import KNOWN_KEYS
 from ..errors import SessionLockedError
 from ..store.manager import PersistentContextManager
 from .amplifier_host import HostContext, SessionInUseError, cli_session_folder
+
+if TYPE_CHECKING:
+    from ..store.manager import PersistentContextManager
 
 logger = logging.getLogger("context_persistent")
 

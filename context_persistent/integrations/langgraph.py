@@ -364,7 +364,7 @@ class PersistentCheckpointSaver(BaseCheckpointSaver[int]):
             lock.release()
         from ..operations.search.indexer import forget_removed
 
-        forget_removed(self.storage_path, sid)  # (its text leaves the storage's search index too)
+        await forget_removed(self.storage_path, sid)  # (its text leaves the storage's search index too)
         shutil.rmtree(doomed)
 
     async def _copy_thread(self, source: str, target: str) -> None:

@@ -246,6 +246,17 @@ class TokenCounter:
         return self._name
 
     @property
+    def loaded(self) -> bool:
+        """Whether the encoding was loaded (or its load tried) in this counter."""
+        return self._loaded
+
+    @property
+    def current(self) -> str:
+        """The name counts made by this counter so far carry: the active counter's once it has loaded, else the
+        requested one (nothing was counted yet, so nothing else could have counted): never loads."""
+        return self._name if self._loaded else self.requested
+
+    @property
     def exact(self) -> bool:
         return self.name != ESTIMATOR_NAME
 

@@ -383,7 +383,7 @@ async def trash_session(ledger: Ledger, expiry: Expiry, policy: RetentionPolicy,
         _rename(folder, trash_dir(storage) / name)
     finally:
         lock.release()
-    search_index.forget_removed(storage, sid)  # (its messages leave the search index with it)
+    await search_index.forget_removed(storage, sid)  # (its messages leave the search index with it)
     return data
 
 

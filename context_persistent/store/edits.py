@@ -63,14 +63,16 @@ class HistoryEdits:
         if reason is not None:
             await self._replace(payload, reason, secrets)
             return
-        await self._resume_rule(len(parts), payload, secrets)
+        # (without a scanner the payload is the messages as given: classify those, not a parse of it)
+        await self._resume_rule(len(parts), payload, secrets, messages if s.scanner is None else None)
 
-    async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None) -> None:
+    async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None,
+                           given: list[dict[str, Any]] | None = None) -> None:
         """A store that loaded its own log: accept a repair, ignore a filtered transcript or anything else."""
         from ..model.resume import FILTERED, REPAIR, classify
 
         s = self._s
-        offered = json_lossless.loads(payload)
+        offered = json_lossless.loads(payload) if given is None else given
         history = s.full()
         kind, merged = classify(history.messages, offered)
         if kind == REPAIR:

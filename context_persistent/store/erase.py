@@ -86,7 +86,12 @@ class Eraser:
                 receipt = erasure.erase_file(self._store, seq, index, reason)
             receipt["index"] = index_entry
         else:
-            receipt = await erasure.erase_postgres(self._store, seq, index, reason, vacuum)
+            from ..operations.search.erasing import erasing_pg
+
+            pg: Any = s.log
+            async with erasing_pg(pg.dsn, pg.schema, s.session_id, make_key(seq, index)) as index_entry:
+                receipt = await erasure.erase_postgres(self._store, seq, index, reason, vacuum)
+            receipt["index"] = index_entry
         s.rewrites += 1  # (readers iterating over the old positions re-resolve: Session.iter_messages)
         # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
         if checkpoints._lazy_file is not None:
@@ -111,10 +116,11 @@ class Eraser:
         erasure.check_receipt_shape(receipt)
         if receipt.get("session_id") != s.session_id:
             raise ValueError(f"the receipt is for session {receipt.get('session_id')!r}, not {s.session_id!r}")
-        if isinstance(s.log, FileEventLog):
-            from ..operations.search.erasing import check_index
+        from ..operations.search.erasing import check_file_index, check_pg_index
 
-            key = receipt["message"].get("key")
+        key = receipt["message"].get("key")
+        if isinstance(s.log, FileEventLog):
             return erasure.check_receipt(s.log.directory, receipt) + (
-                check_index(s.storage_path, s.session_id, key) if isinstance(key, int) else [])
-        return await erasure.check_receipt_postgres(s.log, receipt)
+                await check_file_index(s.storage_path, s.session_id, key) if isinstance(key, int) else [])
+        return await erasure.check_receipt_postgres(s.log, receipt) + (
+            await check_pg_index(getattr(s.log, "dsn"), getattr(s.log, "schema"), s.session_id, key) if isinstance(key, int) else [])

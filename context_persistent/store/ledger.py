@@ -41,7 +41,12 @@ class TokenLedger:
         """The requested encoding did not load (estimator instead): counts restored from a checkpoint were
         made with the real encoding and must be made again with the active counter."""
         counter = self._s.counter
-        return self._hint[2] is None and counter.name != counter.requested
+        return self._hint[2] is None and counter.current != counter.requested
+
+    def _load_counter(self) -> None:
+        """Load the encoding before counting, so that a failed load (the estimator instead) is seen by
+        ``_estimator_replaced_encoding`` before any count is mixed with the restored ones."""
+        self._s.counter.name  # noqa: B018
 
     def counts(self) -> list[int]:
         """Per-message counts, tokenising only messages not counted before (cached in the projection).
@@ -53,6 +58,7 @@ class TokenLedger:
         state = s.full()
         tokens = state.tokens
         if state.counted_version != state.version or self._hint[2] is None:
+            self._load_counter()
             if self._estimator_replaced_encoding():
                 tokens[:] = [None] * len(tokens)
                 s.token_total_hint = None
@@ -142,6 +148,9 @@ class TokenLedger:
         s = self._s
         state = s.state
         tokens = state.tokens
+        if not self._estimator_replaced_encoding() and all(tokens[i] is not None for i in indices):
+            return tokens  # (nothing to count: the encoding need not load)
+        self._load_counter()
         if self._estimator_replaced_encoding():
             tokens[:] = [None] * len(tokens)
             s.token_total_hint = None

@@ -98,6 +98,7 @@ class PersistentContextManager:
         self._views = RequestViews(s, self._ledger, writer, self._export_reasoning)
         s.checkpoints.front_hints = self._views.front_hints
         s.checkpoints.token_total = self._ledger.summed
+        s.checkpoints.view_prefix = self._views.bounds.hint
         self._prompt = SystemPrompt(s, writer)
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
@@ -334,22 +335,21 @@ class PersistentContextManager:
         ``NEAR(a b, N)``, ``tools:NAME``. ``role`` keeps one role's messages, ``since`` those from a time on (a
         datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
         ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
-        replaced) that the log still holds. The file backend only.
+        replaced) that the log still holds. On PostgreSQL, the schema's search tables (docs/search.md).
 
         Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
         brackets, score, whether the views show it), best first.
 
-        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter or on
-        PostgreSQL.
+        Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter.
         """
         from ..operations.search import search
 
         self._check_open()
-        if self._s.config["backend"] != "file":
-            raise ValueError("search is available on the file backend only (docs/search.md, 'PostgreSQL')")
+        log: Any = self._s.log
+        where = {"dsn": log.dsn, "pg_schema": log.schema} if self._s.config["backend"] != "file" else {}
         return await asyncio.to_thread(asyncio.run, search(
             self._s.storage_path, query, session_id=None if all_sessions else self.session_id, role=role,
-            since=since, limit=limit, all_messages=all_messages))
+            since=since, limit=limit, all_messages=all_messages, **where))
 
     async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
         """Check an erasure receipt (from ``erase``) against this session as stored now.
@@ -445,7 +445,9 @@ class PersistentContextManager:
         await self._prompt.refresh()
         budget, source = self.resolve_budget(token_budget, provider)
         view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
-        self._usage.serve(self._s.state.head_seq, view.token_count, provider)
+        exact = view.stats.get("token_count_exact", True)
+        self._usage.serve(self._s.state.head_seq, view.token_count if exact else self._views.exact_total(view),
+                          provider)
         if self._s.config["copy_request_view"]:
             return copy_json(view.messages)
         return list(view.messages)
@@ -458,7 +460,7 @@ class PersistentContextManager:
         """
         self._s.check_open()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        view = await self._views.view(self._usage.fitted_budget(budget, provider), source, exact=True)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:

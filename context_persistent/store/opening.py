@@ -26,6 +26,7 @@ async def open_store(cls: type[PersistentContextManager], *, storage_path: str |
     try:
         store = cls(storage_path=path, session_id=session_id, log=log, config=cfg, hooks=hooks)
         await store._life.load()
+        store._views.bounds.restore(store._s.checkpoints.loaded_view_prefix)  # (store/view_bound.py)
     except BaseException:
         await log.close()
         raise

@@ -19,6 +19,7 @@ from .ledger import TokenLedger
 from ..model.projection import LazyList
 from ..storage.log import FileEventLog
 from .session import EVENT_COMPACTION, EVENT_POST_COMPACT, EVENT_PRE_COMPACT, Session
+from .view_bound import MIN_BOUND, BoundViews, Bounds, bound, fits
 from .writer import Writer
 
 if TYPE_CHECKING:  # compaction loads on the first request view: `import context_persistent` stays cheap
@@ -62,9 +63,12 @@ class RequestViews:
         self._writer = writer
         self._export_reasoning = export_reasoning
         self.window_min = self.WINDOW_MIN_MESSAGES
-        #: (projection version, budget, epoch, anchor, view): the request view is reused while neither version
-        #: nor budget changes, and extended (compaction/incremental.py) while only messages were appended.
-        self.cache: tuple[int, int, int, Anchor | None, RequestView] | None = None
+        #: (projection version, budget, epoch, anchor, view, bounded): the request view is reused while neither
+        #: version nor budget changes, and extended (compaction/incremental.py) while only messages were
+        #: appended; ``bounded``: made from upper bounds of the tokens, not counts (view_bound.py).
+        self.cache: tuple[int, int, int, Anchor | None, RequestView, bool] | None = None
+        #: The views made without the tokenizer while a bound fits, and the clean prefix checkpoints keep.
+        self.bounds = BoundViews(session)
         #: The largest request budget seen: a checkpoint's front section keeps the newest messages up to twice
         #: this (and max_tokens), so the first request after the next open reads nothing else.
         self.max_budget = 0
@@ -91,15 +95,64 @@ class RequestViews:
         cfg = self._s.compaction
         return bool(cfg.auto_compact and token_count >= cfg.compact_threshold * budget)
 
-    async def view(self, budget: int, source: str) -> RequestView:
-        """The request view at ``budget`` (``source`` says where the budget came from, for the stats)."""
-        await self._ledger.count_large_off_loop()
-        cached = self._cached(budget)
+    async def view(self, budget: int, source: str, exact: bool = False) -> RequestView:
+        """The request view at ``budget`` (``source`` says where the budget came from, for the stats).
+
+        While an upper bound of the history's tokens fits the budget the view is made without counting
+        (view_bound.py; its stats say ``token_count_exact`` False); ``exact`` True always counts."""
+        bounded = self.cache is not None and self.cache[5]
+        if not bounded:
+            await self._ledger.count_large_off_loop()
+        cached = self._cached(budget, exact)
         if cached is not None:
             return cached
+        if not exact:
+            made = await self._bounded(budget)
+            if made is not None:
+                return made
+        if bounded or exact:
+            await self._ledger.count_large_off_loop()
         return await self._build(budget, source)
 
-    def _cached(self, budget: int) -> RequestView | None:
+    def exact_total(self, view: RequestView) -> Callable[[], int | None]:
+        """For a view made from bounds: a function that counts its tokens when a provider's report needs them
+        (the calibration pairs them), so the tokenizer stays off the request path. A view that repaired
+        nothing is the history as it is: its count is the history's (counted once per message, kept by the
+        checkpoints); a repaired one's is not known (None: that report calibrates nothing)."""
+        s = self._s
+        state, epoch, n = s.state, s.epoch, len(s.state.messages)
+        repaired = any(view.stats.get("repairs", {}).values())
+
+        def count() -> int | None:
+            if repaired or s.state is not state or s.epoch != epoch or len(state.messages) < n:
+                return None  # (changed since other than by appends)
+            if len(state.messages) == n:
+                return self._ledger.total()
+            return sum(self._ledger.count_indices(range(n))[:n])  # type: ignore[arg-type]
+        return count
+
+    async def _bounded(self, budget: int) -> RequestView | None:
+        """The view made from upper bounds of the tokens, cached, or None when the bound does not fit."""
+        s = self._s
+        cfg = s.compaction
+        summed = self._ledger.summed()  # (counts are never above bounds: a counted total that does not fit ...)
+        if not fits(len(s.state.messages) * MIN_BOUND, budget, cfg) or (
+                summed is not None and not fits(summed[1], budget, cfg)):
+            return None  # (... or a history too long to fit even at the least bound a message has)
+        if s.state.is_lazy and not self.bounds.may_fit(budget, cfg):
+            return None  # (a lazily opened history is loaded only if its checkpoint says the bound may fit)
+        state = s.full()
+        version = state.version
+        made = await self.bounds.view(state.messages, state.keys, budget, cfg)
+        if made is None:
+            return None
+        view, base = made
+        self.max_budget = max(self.max_budget, budget)
+        self.window = None
+        self.cache = (version, budget, s.epoch, base, view, True)
+        return view
+
+    def _cached(self, budget: int, exact: bool = False) -> RequestView | None:
         """The cached view when the history did not change, or the cached view extended by the messages
         appended since (None: rebuild). A budget below the one the view was built for keeps it while it fits
         under that budget's threshold (a calibrated budget falls a little with many reports: docs/tokens.md);
@@ -108,7 +161,7 @@ class RequestViews:
         s = self._s
         state = s.state
         cached = self.cache
-        if cached is None or cached[1] < budget:
+        if cached is None or cached[1] < budget or (exact and cached[5]):
             return None
         if cached[0] == state.version:
             view = cached[3].view if cached[3] is not None else cached[4]
@@ -123,11 +176,17 @@ class RequestViews:
             # Only the tail (from the anchor's user turn) is read: count just that, not the history.
             from ..model.compaction.incremental import extend
 
-            tokens_now = self._ledger.count_indices(range(cached[3].h, len(state.messages)))
-            grown = extend(cached[3], state.messages, tokens_now, budget,  # type: ignore[arg-type]
-                           s.compaction, s.counter.count_message, ev.copy_json)
+            if cached[5]:  # (made from bounds: extended from bounds, counting nothing)
+                tokens_now: Any = Bounds(state.messages)
+                count: Callable[[Any], int] = bound
+            else:
+                tokens_now = self._ledger.count_indices(range(cached[3].h, len(state.messages)))
+                count = s.counter.count_message
+            grown = extend(cached[3], state.messages, tokens_now, budget, s.compaction, count, ev.copy_json)
             if grown is not None:
-                self.cache = (state.version, cached[1], s.epoch, grown[1], grown[0])
+                if cached[5]:
+                    grown[0].stats.update(token_count_exact=False)
+                self.cache = (state.version, cached[1], s.epoch, grown[1], grown[0], cached[5])
                 return grown[0]
         return None
 
@@ -170,7 +229,7 @@ class RequestViews:
         # to a request view can reach the stored history.
         view = compaction.RequestView(ev.copy_json(built.messages), built.token_count, built.compacted, stats)
         base = anchor(view, messages, tokens, cfg, count, history_tokens=total)
-        self.cache = (version, budget, s.epoch, base, view)
+        self.cache = (version, budget, s.epoch, base, view, False)
         self._warn_once(budget, stats)
         if over or view.compacted:
             await s.emit(EVENT_POST_COMPACT, {**event_base, **stats})

@@ -86,14 +86,18 @@ class Session:
         #: total: the whole history's count without reading it (stats(), checkpoints; ledger.TokenLedger).
         self.token_total_hint: tuple[int, int, Any, int] | None = None
         #: Keeps the storage's search index current after appends (operations/search/background.py); None for
-        #: a reader, with ``search_index: false``, or on PostgreSQL (whose index readers catch up).
+        #: a reader or with ``search_index: false`` (readers then catch up what it did not do).
         self.indexer: Any = None
         #: The ``epoch`` the indexer last saw: a change hands it the history's keys (search/indexer.Snapshot).
         self.indexed_epoch = -1
-        if config.get("search_index", True) and not log.readonly and type(log).__name__ == "FileEventLog":
+        if config.get("search_index", True) and not log.readonly:
             from ..operations.search.background import BackgroundIndexer
 
-            self.indexer = BackgroundIndexer.for_storage(storage_path)
+            if type(log).__name__ == "FileEventLog":
+                self.indexer = BackgroundIndexer.for_storage(storage_path)
+            elif type(log).__name__ == "PostgresEventLog":
+                pg: Any = log
+                self.indexer = BackgroundIndexer.for_postgres(pg.dsn, pg.schema)
 
     @property
     def version(self) -> tuple[int, int]:
@@ -157,7 +161,9 @@ class Session:
         return [(k, current[where[k]]) for k in keys if k in where], messages.pager if paged else None
 
     def tokenizer_name(self) -> str:
-        return self.counter.name
+        """The counter the history's counts were made by, for a checkpoint: loads no encoding (a process that
+        counted nothing writes the requested name, which the counts it restored carry)."""
+        return self.counter.current
 
     def ref_positions(self, first_seq: int, lines: Sequence[bytes]) -> list[int | None]:
         """Where a paged history finds each of ``lines`` (the records from ``first_seq`` on, about to be

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..model import events as ev
 from ..model.calibration import WINDOW, Calibration, Fit, Key
@@ -50,7 +50,7 @@ class UsageMeter:
         self._writer = writer
         self.calibration = Calibration()
         #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
-        self.served: tuple[int, int, Key] | None = None
+        self.served: tuple[int, int | Callable[[], int | None] | None, Key] | None = None
         self.last_report: dict[str, Any] | None = None
         #: ids of the reports recorded (or read back at open): a host recording one twice writes it once.
         self._ids: set[tuple[Any, str]] = set()
@@ -93,7 +93,13 @@ class UsageMeter:
         """Make, fold and queue a ``usage_reported`` event; returns its data (None: this id was recorded)."""
         s = self._s
         s.check_writable()
-        served = self.served
+        served: tuple[int, int | None, Key] | None = None
+        if self.served is not None:
+            head, counted, key = self.served
+            if callable(counted):  # (counted now: a view made from bounds)
+                counted = counted()
+                self.served = (head, counted, key)
+            served = (head, counted, key)
         if served is not None and request_seq is None and estimated_tokens is None:
             request_seq, estimated_tokens = served[0], served[1]
             if provider is None and model is None:
@@ -146,8 +152,9 @@ class UsageMeter:
         self._last = (budget, ident, self.calibration.version, target)
         return target
 
-    def serve(self, head_seq: int, tokens: int, provider: Any) -> None:
-        """Note the request view just served: the next report answers it."""
+    def serve(self, head_seq: int, tokens: int | Callable[[], int | None] | None, provider: Any) -> None:
+        """Note the request view just served: the next report answers it. ``tokens`` may be a function that
+        counts them when a report needs them (a view made from bounds: store/view_bound.py)."""
         name, model = provider_identity(provider)
         key = (name, model) if provider is not None else (self.calibration.last_key or (None, None))
         self.served = (head_seq, tokens, key)

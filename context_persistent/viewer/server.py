@@ -65,6 +65,12 @@ def serve(source: Source, *, host: str = "127.0.0.1", port: int = 0, open_browse
                   "local)\n")
     err.write(f"context-persistent serve: showing {source.describe()} (read-only); Ctrl-C stops\n")
     err.flush()
+    searching = None
+    if extensions is None:  # (the search projection, without writing to the storage: search.py)
+        from .search import ProjectionSearch
+
+        searching = ProjectionSearch(source)
+        extensions = Extensions(search=searching)
     app = create_app(source, token, port=port, extensions=extensions)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
     server = uvicorn.Server(config)
@@ -74,6 +80,8 @@ def serve(source: Source, *, host: str = "127.0.0.1", port: int = 0, open_browse
         server.run(sockets=[sock])
     finally:
         sock.close()
+        if searching is not None:
+            searching.close()
 
 
 def _open_later(url: str) -> None:

@@ -22,7 +22,7 @@ from ...model.events import ROLES
 from ...model.projection import split_key
 from .fold import slots
 from .indexer import Outcome, catch_up_session, catch_up_storage
-from .sqlite_index import SqliteIndex
+from .opening import with_index
 from .text import MARK_CLOSE, MARK_OPEN, QueryError, fingerprint, translate, unsegment
 
 logger = logging.getLogger("context_persistent")
@@ -80,43 +80,54 @@ def _check(role: str | None, limit: int) -> None:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
 
 
-async def search(storage: str | os.PathLike[str], query: str, *, session_id: str | None = None,
+async def search(storage: str | os.PathLike[str] | None, query: str, *, session_id: str | None = None,
                  role: str | None = None, since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
-                 all_messages: bool = False, catch_up: bool = True) -> list[SearchHit]:
-    """Full-text search over every session of a file storage (docs/search.md has the query language).
+                 all_messages: bool = False, catch_up: bool = True, dsn: str | None = None,
+                 pg_schema: str | None = None, index_path: str | os.PathLike[str] | None = None,
+                 read_only: bool = False) -> list[SearchHit]:
+    """Full-text search over every session of a file storage, or with ``dsn`` of a PostgreSQL schema
+    (``pg_schema``; ``storage`` is then not used). docs/search.md has the query language.
 
     ``all_messages``: also messages the views no longer show (before a ``clear``, replaced) that the log still
-    holds. QueryError (a ValueError) for a query that is not valid; ValueError for a bad filter.
+    holds. ``index_path``: a private index file of a file storage to use (and catch up) instead of the storage's
+    own, so that nothing is written to the storage (the viewer's). ``read_only``: write no index at all (no
+    catch-up; a hit its log disagrees with is left out rather than indexed again). QueryError (a ValueError) for
+    a query that is not valid; ValueError for a bad filter.
     """
-    fts = translate(query)
+    compiled: Any
+    if dsn is not None:
+        from .pg_text import compile_query
+
+        compiled = compile_query(query)
+    else:
+        compiled = translate(query)
     _check(role, limit)
     since_iso = parse_since(since)
-    root = Path(storage)
-    index = SqliteIndex(root)
-    try:
-        if catch_up:
+
+    async def work(index: Any) -> list[SearchHit]:
+        if catch_up and not read_only:
             if session_id is not None:
-                await catch_up_session(index, root, session_id)
+                await catch_up_session(index, session_id)
             else:
-                await catch_up_storage(index, root)
+                await catch_up_storage(index)
         for attempt in range(3):
             try:
-                rows = index.search(fts, session_id=session_id, role=role, since=since_iso,
-                                    all_messages=all_messages, limit=limit)
+                rows = await index.search(compiled, session_id=session_id, role=role, since=since_iso,
+                                          all_messages=all_messages, limit=limit)
             except Exception as e:
                 if type(e).__name__ == "OperationalError" and not _STORAGE_ERROR.search(str(e)):
                     raise QueryError(f"bad query {query!r}: {str(e).removeprefix('fts5: ')} "
                                      "(docs/search.md, 'Query language')") from None
                 raise
-            stale = _stale_sessions(root, rows)
-            if not stale or attempt == 2:
+            stale = await index.stale(rows) if hasattr(index, "stale") else _stale_sessions(index.storage, rows)
+            if not stale or attempt == 2 or read_only:
                 return [_hit(r) for r in rows if r["session_id"] not in stale]
             for sid in stale:
                 logger.warning("search index: session %s disagrees with its log: indexing it again", sid)
-                await catch_up_session(index, root, sid, force=True)
+                await catch_up_session(index, sid, force=True)
         raise AssertionError("unreachable")
-    finally:
-        index.close()
+
+    return await with_index(storage, work, dsn=dsn, pg_schema=pg_schema, own_index=index_path)
 
 
 def _hit(r: dict[str, Any]) -> SearchHit:
@@ -154,22 +165,20 @@ def _stale_sessions(root: Path, rows: list[dict[str, Any]]) -> set[str]:
     return stale
 
 
-async def list_sessions(storage: str | os.PathLike[str], *, catch_up: bool = True) -> list[dict[str, Any]]:
-    """Every session of a file storage from its index (caught up first): ``session_id``, ``messages`` (in the
-    views), ``events`` (the last seq), ``bytes`` (of its log), ``first_ts``, ``last_ts`` and ``title`` (the first
-    user message, shortened)."""
-    root = Path(storage)
-    index = SqliteIndex(root)
-    sql = ("SELECT session_id, messages, last_seq, bytes, first_ts, last_ts, title, signature, state FROM sessions "
-           "ORDER BY session_id")
-    try:
+async def list_sessions(storage: str | os.PathLike[str] | None, *, catch_up: bool = True, dsn: str | None = None,
+                        pg_schema: str | None = None) -> list[dict[str, Any]]:
+    """Every session of a file storage (or with ``dsn`` of a PostgreSQL schema) from its index, caught up
+    first: ``session_id``, ``messages`` (in the views), ``events`` (the last seq), ``bytes`` (of its log),
+    ``first_ts``, ``last_ts`` and ``title`` (the first user message, shortened)."""
+
+    async def work(index: Any) -> list[dict[str, Any]]:
         skipped: list[Outcome] = []
-        found = index.db.execute(sql).fetchall()
+        found = await index.session_rows()
         if catch_up:
-            outcomes = await catch_up_storage(index, root, {r[0]: (r[7], r[8]) for r in found})
+            outcomes = await catch_up_storage(index, known={r[0]: (r[7], r[8]) for r in found})
             skipped = [o for o in outcomes if o.skipped]
             if outcomes:
-                found = index.db.execute(sql).fetchall()
+                found = await index.session_rows()
         skipped_ids = {o.session_id for o in skipped}
         names = ("session_id", "messages", "events", "bytes", "first_ts", "last_ts", "title")
         rows = [dict(zip(names, r)) for r in found if r[0] not in skipped_ids]
@@ -177,12 +186,19 @@ async def list_sessions(storage: str | os.PathLike[str], *, catch_up: bool = Tru
             rows += [{"session_id": o.session_id, "error": o.skipped} for o in skipped]
             rows.sort(key=lambda r: r["session_id"])
         return rows
-    finally:
-        index.close()
+
+    return await with_index(storage, work, dsn=dsn, pg_schema=pg_schema)
 
 
-async def rebuild_index(storage: str | os.PathLike[str]) -> list[Outcome]:
+async def rebuild_index(storage: str | os.PathLike[str] | None, *, dsn: str | None = None,
+                        pg_schema: str | None = None) -> list[Outcome]:
     """``context-persistent index rebuild``: the index built again from the logs alone."""
     from .indexer import rebuild
 
+    if dsn is not None:
+        from .indexer import rebuild_pg
+
+        return await rebuild_pg(dsn, pg_schema)
+    if storage is None:
+        raise ValueError("give the storage folder (or dsn= for the PostgreSQL backend)")
     return await rebuild(Path(storage))

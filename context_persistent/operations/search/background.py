@@ -12,7 +12,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .indexer import Snapshot, catch_up_session
 from .sqlite_index import SqliteIndex
@@ -26,22 +28,33 @@ MAX_DELAY = 2.0
 
 
 class BackgroundIndexer:
-    """Catches up the sessions of one storage that this process writes."""
+    """Catches up the sessions of one storage (a folder, or a PostgreSQL schema) that this process writes."""
 
-    _instances: dict[Path, BackgroundIndexer] = {}
+    _instances: dict[Any, BackgroundIndexer] = {}
     _guard = threading.Lock()
+
+    @classmethod
+    def _for(cls, key: Any, make_index: Callable[[], Any]) -> BackgroundIndexer:
+        with cls._guard:
+            inst = cls._instances.get(key)
+            if inst is None:
+                inst = cls._instances[key] = cls(make_index)
+            return inst
 
     @classmethod
     def for_storage(cls, storage: Path) -> BackgroundIndexer:
         key = Path(storage).resolve()
-        with cls._guard:
-            inst = cls._instances.get(key)
-            if inst is None:
-                inst = cls._instances[key] = cls(key)
-            return inst
+        return cls._for(key, lambda: SqliteIndex(key))
 
-    def __init__(self, storage: Path) -> None:
-        self.storage = storage
+    @classmethod
+    def for_postgres(cls, dsn: str, schema: str) -> BackgroundIndexer:
+        """The thread for a PostgreSQL schema's search tables (its own connection, pg_index.py)."""
+        from .pg_index import PgIndex
+
+        return cls._for(("postgres", dsn, schema), lambda: PgIndex(dsn, schema))
+
+    def __init__(self, make_index: Callable[[], Any]) -> None:
+        self._make_index = make_index
         self._pending: dict[str, Snapshot | None] = {}
         self._running: str | None = None
         self._last = 0.0  # (monotonic time of the last notification)
@@ -81,7 +94,7 @@ class BackgroundIndexer:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
-        index = SqliteIndex(self.storage)
+        index = self._make_index()
         try:
             while True:
                 with self._cond:
@@ -102,17 +115,17 @@ class BackgroundIndexer:
                     self._since = time.monotonic()
                     self._running = sid
                 try:
-                    loop.run_until_complete(catch_up_session(index, self.storage, sid, snapshot=snapshot))
+                    loop.run_until_complete(catch_up_session(index, sid, snapshot=snapshot))
                     self.errors.pop(sid, None)
                 except Exception as e:
                     self.errors[sid] = str(e)
                     logger.warning("search index: could not index session %s (%s); a later append or search "
                                    "catches it up", sid, e)
-                    index.close()
+                    loop.run_until_complete(index.aclose())
                 finally:
                     with self._cond:
                         self._running = None
                         self._cond.notify_all()
         finally:
-            index.close()
+            loop.run_until_complete(index.aclose())
             loop.close()

@@ -17,7 +17,6 @@ import os
 import socket
 import time
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 from ...model import events as ev
 from ...model.projection import make_key
 from .fold import APPEND_TYPES, REINDEX_TYPES, docs_of, fold, hidden, positioned, redacted_key, slots
-from .sqlite_index import SqliteIndex, discard, index_path, title_of
+from .file_listing import file_sessions, signature
+from .sqlite_index import SqliteIndex, discard, index_path, storage_lock, title_of
 from .text import fingerprint
 
 logger = logging.getLogger("context_persistent")
@@ -71,33 +71,34 @@ def _alive(pid: int, host: str, since: float) -> bool:
     return True
 
 
-async def _anchored(log: Any, row: dict[str, Any]) -> bool:
-    """Whether the log still holds the record the session's row was indexed up to."""
+async def _anchored(index: Any, log: Any, row: dict[str, Any]) -> bool:
+    """Whether the log still holds the record the session's row was indexed up to (a file log: the record
+    before the anchored position; PostgreSQL: the row at the anchored seq, read by the index)."""
     seq, crc, pos = row["last_seq"], row["last_crc"], row["position"]
     if seq == 0:
         return True
     if pos is not None and hasattr(log, "record_before"):
         rec = log.record_before(pos)
         return rec is not None and rec["seq"] == seq and rec["crc"] == crc
-    check = getattr(log, "record_crc", None)
-    return check is not None and await check(seq) == crc
+    check = getattr(index, "record_crc", None)
+    return check is not None and await check(log.session_id, seq) == crc
 
 
-async def catch_up(index: SqliteIndex, log: Any, *, signature: str | None = None, snapshot: Snapshot | None = None,
+async def catch_up(index: Any, log: Any, *, signature: str | None = None, snapshot: Snapshot | None = None,
                    force: bool = False, eraser: bool = False) -> Outcome:
     """Bring one session's documents up to date with ``log`` (open read-only by the caller)."""
     sid = log.session_id
     out = Outcome(sid)
-    with index.writing():
-        row = index.session(sid)
-        markers = index.erasing(sid)
+    async with index.writing(sid):
+        row = await index.session(sid)
+        markers = await index.erasing(sid)
         if markers and not eraser:
             if any(_alive(pid, host, since) for _, pid, host, since in markers):
                 out.skipped = "an erasure is in progress"
                 return out
-            index.clear_erasing(sid)
+            await index.clear_erasing(sid)
             force = True
-        full = force or row is None or row["state"] != "ok" or not await _anchored(log, row)
+        full = force or row is None or row["state"] != "ok" or not await _anchored(index, log, row)
         if not full:
             assert row is not None
             try:
@@ -110,14 +111,14 @@ async def catch_up(index: SqliteIndex, log: Any, *, signature: str | None = None
             await _reindex(index, log, signature, out)
         else:
             out.facts["signature"] = signature
-            _save(index, sid, out.facts)
+            await _save(index, sid, out.facts)
     if out.removed:
-        index.purge()
+        await index.purge()
         out.purged = True
     return out
 
 
-async def _incremental(index: SqliteIndex, log: Any, row: dict[str, Any], snapshot: Snapshot | None,
+async def _incremental(index: Any, log: Any, row: dict[str, Any], snapshot: Snapshot | None,
                        out: Outcome) -> None:
     sid = row["session_id"]
     facts = {k: row[k] for k in ("last_seq", "last_crc", "position", "bytes", "first_ts", "last_ts")}
@@ -144,9 +145,9 @@ async def _incremental(index: SqliteIndex, log: Any, row: dict[str, Any], snapsh
             if pos is not None:
                 facts["position"] = pos + size
         if len(docs) >= 1024:
-            out.added += index.insert_docs(sid, ((d, True) for d in docs))
+            out.added += await index.insert_docs(sid, ((d, True) for d in docs))
             docs = []
-    out.added += index.insert_docs(sid, ((d, True) for d in docs))
+    out.added += await index.insert_docs(sid, ((d, True) for d in docs))
     if changed_at:
         if snapshot is not None and changed_at <= snapshot.seq <= facts["last_seq"]:
             # only appends came after the snapshot: the history is its keys and theirs
@@ -154,18 +155,18 @@ async def _incremental(index: SqliteIndex, log: Any, row: dict[str, Any], snapsh
             keys.update(k for k in appended if k > make_key(snapshot.seq))
         else:
             keys = set((await fold(log)).keys)
-        index.set_view(sid, keys)
+        await index.set_view(sid, keys)
         if redacted:
-            index.add_redacted(sid, redacted)
-        out.removed += index.delete_hidden(sid)
+            await index.add_redacted(sid, redacted)
+        out.removed += await index.delete_hidden(sid)
     out.facts = facts
 
 
-async def _reindex(index: SqliteIndex, log: Any, signature: str | None, out: Outcome) -> None:
+async def _reindex(index: Any, log: Any, signature: str | None, out: Outcome) -> None:
     """Index a session again from its whole log (three passes when it holds redactions: fold.py)."""
     sid = log.session_id
     out.reindexed = True
-    out.removed += index.delete_session(sid, keep_row=True)
+    out.removed += await index.delete_session(sid, keep_row=True)
     folded = await fold(log)
     keys = set(folded.keys)
     prints: dict[int, bytes] = {}
@@ -178,115 +179,70 @@ async def _reindex(index: SqliteIndex, log: Any, signature: str | None, out: Out
     print_set = set(prints.values())
     async for batch, positions, _ in positioned(log):
         docs = [d for rec, pos in zip(batch, positions) for d in docs_of(rec, pos)]
-        out.added += index.insert_docs(sid, ((d, d.key in keys) for d in docs
+        out.added += await index.insert_docs(sid, ((d, d.key in keys) for d in docs
                                              if not hidden(d, d.key in keys, folded.redacted, print_set)))
-    index.add_redacted(sid, folded.redacted, prints)
+    await index.add_redacted(sid, folded.redacted, prints)
     out.facts = {"last_seq": folded.last_seq, "last_crc": folded.last_crc, "position": folded.position,
                  "bytes": folded.bytes, "first_ts": folded.first_ts, "last_ts": folded.last_ts,
                  "signature": signature}
-    _save(index, sid, out.facts)
+    await _save(index, sid, out.facts)
 
 
-def _save(index: SqliteIndex, sid: str, facts: dict[str, Any]) -> None:
-    messages, title = index.view_facts(sid)
-    index.save_session({**facts, "session_id": sid, "state": "ok", "messages": messages, "title": title})
+async def _save(index: Any, sid: str, facts: dict[str, Any]) -> None:
+    messages, title = await index.view_facts(sid)
+    await index.save_session({**facts, "session_id": sid, "state": "ok", "messages": messages, "title": title})
     facts.update(messages=messages, title=title)
 
 
 # -- a storage ------------------------------------------------------------------------------------------
-def signature(folder: Path) -> str | None:
-    """What changes when a file session's log changes: its active file's inode, size and modification time."""
-    from ...storage.paths import LOG_NAME
-
-    try:
-        st = os.stat(folder / LOG_NAME)
-    except FileNotFoundError:
-        return None
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def file_sessions(storage: Path) -> dict[str, str | None]:
-    """Every session folder of a storage with its log's signature (one ``stat`` each)."""
-    from ...storage.paths import LOG_NAME
-    from ...storage.segments import MANIFEST_NAME
-
-    out: dict[str, str | None] = {}
-    try:
-        fd = os.open(storage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return out
-    stat = os.stat
-    try:
-        with os.scandir(fd) as entries:
-            for d in entries:
-                name = d.name
-                if name[0] == "." or not d.is_dir(follow_symlinks=False):
-                    continue
-                try:  # (relative to the folder's descriptor: no path to build, no symlink of the storage to follow)
-                    st = stat(name + "/" + LOG_NAME, dir_fd=fd)
-                except FileNotFoundError:
-                    if os.path.isfile(os.path.join(storage, name, MANIFEST_NAME)):
-                        out[name] = None
-                    continue
-                out[name] = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-    finally:
-        os.close(fd)
-    return out
-
-
-async def catch_up_session(index: SqliteIndex, storage: Path, sid: str, *, snapshot: Snapshot | None = None,
-                           force: bool = False, eraser: bool = False) -> Outcome:
-    """Catch one file session up (it is forgotten if its folder is gone: trashed or deleted)."""
-    from ...errors import SessionNotFoundError
-    from ...storage.log import FileEventLog
-
-    folder = storage / sid
-    sig = signature(folder)
-    try:
-        log = FileEventLog(folder, sid, readonly=True)
-    except SessionNotFoundError:
-        out = Outcome(sid)
-        out.removed = forget(index, [sid], purge=True)
-        out.purged = bool(out.removed)
-        return out
-    try:
+async def catch_up_session(index: Any, sid: str, *, snapshot: Snapshot | None = None, force: bool = False,
+                           eraser: bool = False) -> Outcome:
+    """Catch one session up (it is forgotten if it is gone: trashed or deleted). ``index``: a SqliteIndex or
+    a PgIndex (pg_index.py), which opens the session's log."""
+    async with index.open_log(sid) as opened:
+        if opened is None:
+            out = Outcome(sid)
+            out.removed = await forget(index, [sid], purge=True)
+            out.purged = bool(out.removed)
+            return out
+        log, sig = opened
         return await catch_up(index, log, signature=sig, snapshot=snapshot, force=force, eraser=eraser)
-    finally:
-        await log.close()
 
 
-async def catch_up_storage(index: SqliteIndex, storage: Path,
+async def catch_up_storage(index: Any, storage: Path | None = None,
                            known: dict[str, tuple[str | None, str]] | None = None) -> list[Outcome]:
-    """Catch every session of a storage up: those whose log changed since it was indexed (by their
+    """Catch every session of the index's storage up: those whose log changed since it was indexed (by their
     signatures), those not indexed yet, and those gone (forgotten). One unreadable session is logged and
-    skipped, never hides the others."""
-    listed = file_sessions(storage)
+    skipped, never hides the others. (``storage``: unused, the index knows its storage.)"""
+    listed = await index.listing()
     if known is None:
-        known = index.signatures()
+        known = await index.signatures()
     gone = [sid for sid in known if sid not in listed]
     outcomes = [Outcome(sid, skipped=None) for sid in gone]  # (forgotten: the caller reads the rows again)
     if gone:
-        forget(index, gone, purge=True)
+        await forget(index, gone, purge=True)
     for sid, sig in listed.items():
         was = known.get(sid)
         if was is not None and was == (sig, "ok") and sig is not None:
             continue
         try:
-            outcomes.append(await catch_up_session(index, storage, sid))
+            outcomes.append(await catch_up_session(index, sid))
         except Exception as e:  # (a damaged log: verify and repair say what; the other sessions go on)
+            if getattr(index, "unusable", lambda _e: False)(e):
+                raise  # (the index itself failed, not this session's log)
             logger.warning("search index: session %s not indexed: %s", sid, e)
             outcomes.append(Outcome(sid, skipped=str(e)))
     return outcomes
 
 
-def forget(index: SqliteIndex, sids: list[str], *, purge: bool = True) -> int:
+async def forget(index: Any, sids: list[str], *, purge: bool = True) -> int:
     """Remove sessions from the index (trashed, deleted); purges when anything was removed."""
     n = 0
-    with index.writing():
+    async with index.writing():
         for sid in sids:
-            n += index.delete_session(sid)
+            n += await index.delete_session(sid)
     if purge and n:
-        index.purge()
+        await index.purge()
     return n
 
 
@@ -299,7 +255,7 @@ async def rebuild(storage: Path) -> list[Outcome]:
         discard(tmp)
         new = SqliteIndex(storage, tmp)
         try:
-            outcomes = await catch_up_storage(new, storage)
+            outcomes = await catch_up_storage(new)
             new.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             new.close()
@@ -312,22 +268,25 @@ async def rebuild(storage: Path) -> list[Outcome]:
     return outcomes
 
 
-@contextlib.contextmanager
-def storage_lock(storage: Path, exclusive: bool) -> Iterator[None]:
-    """The index's rebuild lock: a rebuild holds it exclusively, an erasure shared (so that a rebuild never
-    reads a log an erasure is about to change and an erasure never marks an index about to be replaced)."""
-    import fcntl
+async def rebuild_pg(dsn: str, schema: str | None) -> list[Outcome]:
+    """Build a PostgreSQL schema's search tables from its logs alone: every session indexed again from its
+    rows, one transaction each (searches go on meanwhile and see each session before or after; erasures
+    wait for the rebuild: ``rebuild_lock``)."""
+    from .pg_index import PgIndex
 
-    from ...storage.paths import make_private_dirs
-
-    folder = index_path(storage).parent
-    make_private_dirs(folder)
-    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    index = PgIndex(dsn, schema)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
+        async with index.rebuild_lock(exclusive=True):
+            outcomes = []
+            for sid in sorted(await index.listing()):
+                try:
+                    outcomes.append(await catch_up_session(index, sid, force=True))
+                except Exception as e:
+                    logger.warning("search index: session %s not indexed: %s", sid, e)
+                    outcomes.append(Outcome(sid, skipped=str(e)))
+            return outcomes
     finally:
-        os.close(fd)
+        await index.aclose()
 
 
 def keys_snapshot(seq: int, keys: Any) -> Snapshot:
@@ -336,16 +295,16 @@ def keys_snapshot(seq: int, keys: Any) -> Snapshot:
 
 
 __all__ = ["Outcome", "Snapshot", "catch_up", "catch_up_session", "catch_up_storage", "file_sessions", "forget",
-           "keys_snapshot", "rebuild", "signature", "storage_lock", "title_of"]
+           "keys_snapshot", "rebuild", "rebuild_pg", "signature", "storage_lock", "title_of"]
 
 
 # -- for the operations that take text out of a storage (trash, segment expiry) ------------------------------
-def forget_removed(storage: Path, sid: str) -> None:
+async def forget_removed(storage: Path, sid: str) -> None:
     """A session left the storage (moved to the trash): its documents leave the index now, purged."""
     if index_path(storage).exists():
         index = SqliteIndex(storage)
         try:
-            forget(index, [sid])
+            await forget(index, [sid])
         finally:
             index.close()
 
@@ -355,6 +314,6 @@ async def reindex_changed(storage: Path, sid: str) -> None:
     if index_path(storage).exists():
         index = SqliteIndex(storage)
         try:
-            await catch_up_session(index, storage, sid, force=True)
+            await catch_up_session(index, sid, force=True)
         finally:
             index.close()

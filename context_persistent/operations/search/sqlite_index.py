@@ -18,13 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ...storage.paths import DIR_MODE, FILE_MODE, make_private_dirs
+from .file_listing import file_sessions, signature
 from .fold import Doc
 from .text import MARK_CLOSE, MARK_OPEN, SEP
 
@@ -108,8 +110,8 @@ class SqliteIndex:
                 return db
             except (IndexDamaged, sqlite3.DatabaseError) as e:
                 db.close()
-                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                    raise
+                if isinstance(e, sqlite3.OperationalError) and re.search("locked|readonly|unable to open", str(e)):
+                    raise  # (busy, or not ours to write: opening.py; not a damaged file)
                 if attempt:
                     raise
                 logger.warning("search index %s cannot be used (%s): building it again from the logs", self.path, e)
@@ -121,8 +123,11 @@ class SqliteIndex:
             self._db.close()
             self._db = None
 
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[sqlite3.Connection]:
+    async def aclose(self) -> None:
+        self.close()
+
+    @contextlib.asynccontextmanager
+    async def writing(self, sid: str | None = None) -> AsyncIterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE``: other writers wait, readers go on)."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
@@ -133,8 +138,37 @@ class SqliteIndex:
             raise
         db.execute("COMMIT")
 
+    # -- the logs it projects --------------------------------------------------------------------------
+    async def listing(self) -> dict[str, str | None]:
+        """Every session of the storage with its log's signature (file_listing.py)."""
+        return file_sessions(self.storage)
+
+    @contextlib.asynccontextmanager
+    async def open_log(self, sid: str) -> AsyncIterator[tuple[Any, str | None] | None]:
+        """The session's log, open read-only, with its signature; None when the session is gone."""
+        from ...errors import SessionNotFoundError
+        from ...storage.log import FileEventLog
+
+        folder = self.storage / sid
+        sig = signature(folder)
+        try:
+            log = FileEventLog(folder, sid, readonly=True)
+        except SessionNotFoundError:
+            yield None
+            return
+        try:
+            yield log, sig
+        finally:
+            await log.close()
+
+    @contextlib.asynccontextmanager
+    async def rebuild_lock(self, exclusive: bool) -> AsyncIterator[None]:
+        """A rebuild holds it exclusively, an erasure shared (indexer.storage_lock)."""
+        with storage_lock(self.storage, exclusive):
+            yield
+
     # -- sessions -------------------------------------------------------------------------------------
-    def session(self, sid: str) -> dict[str, Any] | None:
+    async def session(self, sid: str) -> dict[str, Any] | None:
         row = self.db.execute(f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions WHERE session_id = ?",
                               (sid,)).fetchone()
         return None if row is None else dict(zip(SESSION_FIELDS, row))
@@ -143,18 +177,18 @@ class SqliteIndex:
         rows = self.db.execute(f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY session_id").fetchall()
         return [dict(zip(SESSION_FIELDS, r)) for r in rows]
 
-    def signatures(self) -> dict[str, tuple[str | None, str]]:
+    async def signatures(self) -> dict[str, tuple[str | None, str]]:
         return {sid: (sig, state) for sid, sig, state in
                 self.db.execute("SELECT session_id, signature, state FROM sessions")}
 
-    def save_session(self, row: dict[str, Any]) -> None:
+    async def save_session(self, row: dict[str, Any]) -> None:
         self.db.execute(f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_FIELDS)}) VALUES "
                         f"({', '.join('?' * len(SESSION_FIELDS))})", [row.get(f) for f in SESSION_FIELDS])
 
-    def mark_dirty(self, sid: str) -> None:
+    async def mark_dirty(self, sid: str) -> None:
         self.db.execute("UPDATE sessions SET state = 'dirty', title = NULL WHERE session_id = ?", (sid,))
 
-    def delete_session(self, sid: str, keep_row: bool = False) -> int:
+    async def delete_session(self, sid: str, keep_row: bool = False) -> int:
         """Remove a session's documents (and its row unless ``keep_row``); the number of documents removed."""
         db = self.db
         n = self._delete_docs("session_id = ?", (sid,))
@@ -169,17 +203,24 @@ class SqliteIndex:
         return db.execute(f"DELETE FROM docs WHERE {where}", params).rowcount
 
     # -- erasures in progress -------------------------------------------------------------------------
-    def erasing(self, sid: str) -> list[tuple[int, int, str, float]]:
+    async def holds(self, sid: str, key: int) -> bool:
+        return self.db.execute("SELECT 1 FROM docs WHERE session_id = ? AND key = ?", (sid, key)).fetchone() is not None
+
+    async def purged_at(self) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'purged_at'").fetchone()
+        return None if row is None else row[0]
+
+    async def erasing(self, sid: str) -> list[tuple[int, int, str, float]]:
         return self.db.execute("SELECT key, pid, host, since FROM erasing WHERE session_id = ?", (sid,)).fetchall()
 
-    def add_erasing(self, sid: str, key: int, pid: int, host: str) -> None:
+    async def add_erasing(self, sid: str, key: int, pid: int, host: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO erasing VALUES (?, ?, ?, ?, ?)", (sid, key, pid, host, time.time()))
 
-    def clear_erasing(self, sid: str) -> None:
+    async def clear_erasing(self, sid: str) -> None:
         self.db.execute("DELETE FROM erasing WHERE session_id = ?", (sid,))
 
     # -- documents ------------------------------------------------------------------------------------
-    def insert_docs(self, sid: str, docs: Iterable[tuple[Doc, bool]]) -> int:
+    async def insert_docs(self, sid: str, docs: Iterable[tuple[Doc, bool]]) -> int:
         db = self.db
         n = 0
         for doc, in_view in docs:
@@ -190,14 +231,14 @@ class SqliteIndex:
             n += 1
         return n
 
-    def set_view(self, sid: str, keys: set[int]) -> None:
+    async def set_view(self, sid: str, keys: set[int]) -> None:
         """``in_view`` of each document of the session: whether its key is in ``keys`` (the history's)."""
         db = self.db
         change = [(int(k in keys), i) for i, k, v in
                   db.execute("SELECT id, key, in_view FROM docs WHERE session_id = ?", (sid,)) if (k in keys) != v]
         db.executemany("UPDATE docs SET in_view = ? WHERE id = ?", change)
 
-    def add_redacted(self, sid: str, keys: Iterable[int], prints: dict[int, bytes] | None = None) -> None:
+    async def add_redacted(self, sid: str, keys: Iterable[int], prints: dict[int, bytes] | None = None) -> None:
         """Record redacted keys with their messages' fingerprints (from ``prints``, else the documents)."""
         db = self.db
         for key in keys:
@@ -208,13 +249,13 @@ class SqliteIndex:
                 fp = None if row is None else row[0]
             db.execute("INSERT OR REPLACE INTO redacted VALUES (?, ?, ?)", (sid, key, fp))
 
-    def delete_hidden(self, sid: str) -> int:
+    async def delete_hidden(self, sid: str) -> int:
         """Apply the redaction rule (fold.hidden) to the session's documents; how many were removed."""
         return self._delete_docs(
             "session_id = ? AND in_view = 0 AND (key IN (SELECT key FROM redacted WHERE session_id = ?) OR "
             "fp IN (SELECT fp FROM redacted WHERE session_id = ? AND fp IS NOT NULL))", (sid, sid, sid))
 
-    def view_facts(self, sid: str) -> tuple[int, str | None]:
+    async def view_facts(self, sid: str) -> tuple[int, str | None]:
         """The number of messages in the views and the title (the first user message's text)."""
         db = self.db
         n = db.execute("SELECT count(*) FROM docs WHERE session_id = ? AND in_view = 1", (sid,)).fetchone()[0]
@@ -223,7 +264,7 @@ class SqliteIndex:
         return n, (None if row is None else title_of(row[0]))
 
     # -- removing text for good -----------------------------------------------------------------------
-    def purge(self) -> None:
+    async def purge(self) -> None:
         """Rewrite the FTS index without deleted entries and empty the write-ahead log (module docstring)."""
         db = self.db
         db.execute("INSERT INTO fts (fts) VALUES ('optimize')")
@@ -237,7 +278,19 @@ class SqliteIndex:
                                        "for 30 s)")
 
     # -- reading --------------------------------------------------------------------------------------
-    def search(self, fts_query: str, *, session_id: str | None, role: str | None, since: str | None,
+    def unusable(self, e: BaseException) -> bool:
+        """Whether ``e`` is the index failing (not a session's log): a catch-up of the storage stops there."""
+        return isinstance(e, sqlite3.Error)
+
+    async def session_rows(self) -> list[tuple[Any, ...]]:
+        """What ``ls`` lists, in session order (the signature and state last): one query, sorted here (cheaper
+        than the primary key's order at 10,000 sessions)."""
+        rows = self.db.execute("SELECT session_id, messages, last_seq, bytes, first_ts, last_ts, title, signature, "
+                               "state FROM sessions").fetchall()
+        rows.sort()
+        return rows
+
+    async def search(self, fts_query: str, *, session_id: str | None, role: str | None, since: str | None,
                all_messages: bool, limit: int) -> list[dict[str, Any]]:
         where = ["fts MATCH ?"]
         params: list[Any] = [fts_query]
@@ -281,6 +334,24 @@ class SqliteIndex:
 def title_of(body: str) -> str:
     text = " ".join(body.replace(SEP, "").split())
     return text if len(text) <= 100 else text[:99] + "…"
+
+
+@contextlib.contextmanager
+def storage_lock(storage: Path, exclusive: bool) -> Iterator[None]:
+    """The index's rebuild lock: a rebuild holds it exclusively, an erasure shared (so that a rebuild never
+    reads a log an erasure is about to change and an erasure never marks an index about to be replaced)."""
+    import fcntl
+
+    from ...storage.paths import make_private_dirs
+
+    folder = index_path(storage).parent
+    make_private_dirs(folder)
+    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _prepare(db: sqlite3.Connection) -> None:

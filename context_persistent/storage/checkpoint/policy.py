@@ -115,6 +115,12 @@ class Checkpointer:
         #: without reading the history), or None. A front section records it, so stats() after the next open
         #: counts only the messages after those n.
         self.token_total: Callable[[], tuple[int, int] | None] | None = None
+        #: Set by the manager: ``() -> dict | None``, the request view's clean prefix (store/view_bound.py),
+        #: kept in the front section as ``view_prefix``; ``loaded_view_prefix`` is the one the load found.
+        self.view_prefix: Callable[[], dict[str, Any] | None] | None = None
+        self.loaded_view_prefix: Any = None
+        #: The clean prefix's length in the stored checkpoint (0: none).
+        self.prefix_h = 0
         #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
         self.loaded_total: tuple[int, int] | None = None
 
@@ -134,6 +140,9 @@ class Checkpointer:
         self.seq = self.loaded_seq = cp.seq
         self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
+        self.loaded_view_prefix = (cp.front or {}).get("view_prefix") if isinstance(cp.front, dict) else None
+        h = self.loaded_view_prefix.get("h") if isinstance(self.loaded_view_prefix, dict) else None
+        self.prefix_h = h if type(h) is int and h > 0 else 0
         if cp.state is None:  # lazy: the front section says how many counts the stored state holds
             front = cp.front or {}
             counted = front.get("counted")
@@ -358,8 +367,16 @@ class Checkpointer:
                 await self._write(self._prepare(state, log, tokenizer), log)
             return
         if (state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough
-                or grown >= CLOSE_MIN_BYTES):
+                or grown >= CLOSE_MIN_BYTES or self._prefix_gain() >= enough):
             await self._write(self._prepare(state, log, tokenizer), log)
+
+    def _prefix_gain(self) -> int:
+        """How many more messages the request view's clean prefix covers than the stored checkpoint's does
+        (a resumed process analyses only the messages after it: store/view_bound.py)."""
+        prefix = self.view_prefix() if self.view_prefix is not None else None
+        if prefix is None:
+            return 0
+        return int(prefix["h"]) - self.prefix_h
 
     def _splice_base(self, state: Projection, tokenizer: Callable[[], str]) -> dict[str, Any] | None:
         """The base a new checkpoint of this lazy history can copy its state section from, or None.
@@ -429,6 +446,10 @@ class Checkpointer:
         if summed is None and not state.is_lazy and counted == front["n"]:
             summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
         front["tokens_total"] = list(summed) if summed is not None else None
+        prefix = self.view_prefix() if self.view_prefix is not None else None
+        if prefix is not None:
+            front["view_prefix"] = prefix
+            self.prefix_h = prefix["h"]
         return json_lossless.dumps(front), any(t is not None for t in front["tokens"])
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
