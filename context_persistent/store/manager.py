@@ -244,14 +244,13 @@ class PersistentContextManager:
 
         Unlike ``set_messages`` this is not subject to the resume rule: it is the explicit "the history is now
         this list" of a framework adapter (a storage compaction, a ``load_state``). The log keeps every earlier
-        event, so the history before the replacement stays readable with ``at(seq)``. ``if_version`` (a
-        ``history_version`` read with the history the list was made from): replace only if nothing was
-        appended or erased since, else raise ConcurrencyError (a compare-and-replace: read again, retry).
+        event, so the history before the replacement stays readable with ``at(seq)``. ``if_version`` (the
+        ``history_version`` read with the history the list was made from): replace only if nothing was appended
+        or erased since (compare-and-replace), else raise ConcurrencyError and store nothing.
 
         Raises ValueError if a message is invalid or there are too many for one event (nothing is stored);
-        ConcurrencyError as said; StoreClosedError after ``close()``; ReadOnlyError on a store opened
-        ``readonly=True``; LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError
-        on PostgreSQL when the server fails.
+        ConcurrencyError as said; StoreClosedError after ``close()``; ReadOnlyError if ``readonly=True``;
+        LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError on PostgreSQL.
         """
         await self._edits.replace_messages(messages, if_version)
 
@@ -295,10 +294,8 @@ class PersistentContextManager:
         await self._edits.mark(ev.REDACTED, message_index, seq)
 
     async def pop_message(self) -> dict[str, Any] | None:
-        """Remove the newest message of the history (a ``redacted`` event: the log keeps it) and return it.
-
-        Returns it, or None if the history is empty; concurrent calls each take a different message. Raises as
-        ``redact`` does."""
+        """Remove the newest message of the history (a ``redacted`` event: the log keeps it). Returns it, or None
+        if the history is empty; concurrent calls each take a different message. Raises as ``redact`` does."""
         return await self._edits.pop()
 
     async def erase(self, message_index: int | None = None, *, seq: int | None = None, index: int = 0,
