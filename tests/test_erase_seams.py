@@ -157,6 +157,9 @@ async def test_erase_on_postgres_leaves_old_row_versions_until_vacuum_full(pg_co
     """After a plain erase the old row version still holds the bytes in the table's pages (the receipt says so);
     vacuum="full" removes them from the pages; a file store refuses vacuum."""
     token = b"VACUUMTOKEN" + sid.encode()
+    # A schema of its own: another test's VACUUM (FULL) of a shared events table would clean the old row version
+    # this test looks for, whatever the store did.
+    pg_config = {**pg_config, "pg_schema": f"cp_vacuum_{sid.replace('-', '_')}"}
     table = f"{pg_config['pg_schema']}.events"
     store = await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config)
     for text in ("one", f"secret {token.decode()}", "two", f"again {token.decode()}"):
@@ -173,6 +176,13 @@ async def test_erase_on_postgres_leaves_old_row_versions_until_vacuum_full(pg_co
     with pytest.raises(ValueError, match="vacuum must be"):
         await store.erase(seq=2, vacuum="yes")
     await store.close()
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_config["dsn"])
+    try:
+        await conn.execute(f"DROP SCHEMA {pg_config['pg_schema']} CASCADE")
+    finally:
+        await conn.close()
     file_store = await _filled(tmp_path, "f", 2)
     with pytest.raises(ValueError, match="PostgreSQL backend only"):
         await file_store.erase(seq=2, vacuum=True)
