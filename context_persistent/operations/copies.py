@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..storage.lockfile import pid_alive
 from ..storage.manifest import MANIFEST_NAME
 from ..storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, NOFOLLOW, fsync_dir
 from ..storage.trash_folder import PURGING, trash_dir
@@ -176,15 +177,6 @@ def scrub_base64(data: bytes, forms: tuple[bytes, ...], marker: bytes) -> tuple[
 
 
 # -- leftovers ------------------------------------------------------------------------------------------
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def session_leftovers(directory: Path, keep: frozenset[str] = frozenset()) -> list[Path]:
     """The temp files in a session folder that hold copies and belong to no running step: everything of the
@@ -204,7 +196,7 @@ def session_leftovers(directory: Path, keep: frozenset[str] = frozenset()) -> li
             out.append(Path(e.path))
         elif (m := EXPORT_TMP.fullmatch(e.name)) is not None:
             pid = int(m[1])
-            if pid == os.getpid() or not _alive(pid):
+            if pid == os.getpid() or not pid_alive(pid):
                 out.append(Path(e.path))
     return sorted(out)
 
@@ -219,7 +211,7 @@ def stale_session_temps(storage: Path) -> list[Path]:
         return []
     for e in entries:
         m = SESSION_TMP.fullmatch(e.name)
-        if m is None or not e.is_dir(follow_symlinks=False) or _alive(int(m[2])):
+        if m is None or not e.is_dir(follow_symlinks=False) or pid_alive(int(m[2])):
             continue
         try:
             fd = os.open(e.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LogCorruptedError, SessionNotFoundError
+from ..storage.lockfile import pid_alive
 from ..storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME
 from ..storage.segments import MANIFEST_NAME, LogReader
 from .checkpoint_check import _check_checkpoint
@@ -32,15 +33,7 @@ def writer_pid(directory: Path) -> int | None:
         pid = int(text) if text else None
     except (OSError, ValueError):
         return None
-    if pid is None:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return pid
+    return pid if pid is not None and pid_alive(pid) else None
 
 
 def side_files(directory: Path) -> list[str]:

@@ -59,4 +59,16 @@ class FileLock:
             self.fd = -1
 
 
-__all__ = ["FileLock"]
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine may still be running (another user's process counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+__all__ = ["FileLock", "pid_alive"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiofiles  # type: ignore[import-untyped]
 
+from ..storage.lockfile import pid_alive
 from ..storage.paths import FILE_MODE, LOG_NAME, fsync_dir
 
 logger = logging.getLogger("context_persistent.transfer.atomic_files")
@@ -103,7 +104,7 @@ def _stale_entries(folder: Path, pattern: re.Pattern[str], pid_group: int, *, di
             continue
         try:
             kind_ok = entry.is_dir(follow_symlinks=False) if directory else entry.is_file(follow_symlinks=False)
-            if kind_ok and entry.stat(follow_symlinks=False).st_uid == os.geteuid() and not _alive(int(m[pid_group])):
+            if kind_ok and entry.stat(follow_symlinks=False).st_uid == os.geteuid() and not pid_alive(int(m[pid_group])):
                 yield entry, m
         except OSError:
             continue
@@ -141,11 +142,3 @@ async def read_file(path: Path, progress: Progress | None = None) -> bytes:
     return b"".join(parts)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # (someone else's process)
-    return True

@@ -23,6 +23,7 @@ from typing import Any
 
 from ...model import events as ev
 from ...model.projection import make_key
+from ...storage.lockfile import pid_alive
 from .fold import APPEND_TYPES, REINDEX_TYPES, docs_of, fold, hidden, positioned, redacted_key, slots
 from .file_listing import file_sessions, signature
 from .sqlite_index import SqliteIndex, discard, index_path, storage_lock, title_of
@@ -62,13 +63,7 @@ def _alive(pid: int, host: str, since: float) -> bool:
     """Whether the process that marked an erasure may still be running it."""
     if host != HOST:
         return time.time() - since < ERASE_STALE_SECONDS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 async def _anchored(index: Any, log: Any, row: dict[str, Any]) -> bool:
