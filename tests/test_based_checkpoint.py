@@ -211,7 +211,7 @@ async def test_a_based_checkpoint_read_whole_replays_from_its_base(storage: Path
     nl = data.index(b"\n")
     prefix = encode_front(session_id=S, seq=head["seq"], position=head["position"], first_crc=head["first_crc"],
                           last_crc=head["last_crc"], tokenizer=head["tokenizer"], state_bytes=head["state_bytes"],
-                          front_json=b"null", base=head["base"])
+                          front_json=b"null", base=head["base"], messages_bytes=head.get("messages_bytes", 0))
     path.write_bytes(prefix + data[nl + 1 + head["front_bytes"] + 1 + _TRAILER :])
     cp = decode(path.read_bytes())
     assert cp.front is None and cp.base == head["base"] and cp.state_seq == first["seq"]

@@ -303,7 +303,11 @@ async def test_a_checkpoint_overlapping_writes_is_valid(storage: Path, monkeypat
         assert decode(written).seq == seq
     finally:
         await store.close()
-    assert (storage / S / CHECKPOINT_NAME).read_bytes() == written  # still the checkpoint written meanwhile
+    # The redactions came after the capture: the close wrote a newer checkpoint, without the redacted messages'
+    # texts (docs/format.md, "The message section"); the one written meanwhile is put back to be checked below.
+    final = (storage / S / CHECKPOINT_NAME).read_bytes()
+    assert final != written and decode(final).seq == seq + len(ops)
+    (storage / S / CHECKPOINT_NAME).write_bytes(written)
 
     from context_persistent.operations.repair import verify
 

@@ -462,7 +462,10 @@ class PagedList:
     def __iter__(self) -> Iterator[Any]:
         items, pager = self.items, self.pager
         for start in range(0, len(items), ITER_CHUNK):  # (refs read in runs: pages.MessageReader.fetch_many)
-            yield from _resolve(items[start:start + ITER_CHUNK], pager)
+            if type(items) is Refs and not items.extras:  # (every item a ref: no item decoded one by one)
+                yield from pager.fetch_many(items.a[start:start + ITER_CHUNK].tolist())
+            else:
+                yield from _resolve(items[start:start + ITER_CHUNK], pager)
 
     def __contains__(self, value: Any) -> bool:
         return any(m == value for m in self)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +141,16 @@ class PageCache(ABC):
 
     def _uncached(self, refs: list[int]) -> tuple[list[Any], dict[int, list[int]]]:
         """``refs`` served from the cache (None where it misses) and the misses: ``{ref >> 20: [their places]}``."""
+        cache = self._cache
+        try:  # (a history all in memory: every ref a hit)
+            every = [cache[ref][0] for ref in refs]
+        except KeyError:
+            pass
+        else:
+            self.hits += len(refs)
+            return every, {}
         out: list[Any] = [None] * len(refs)
         want: dict[int, list[int]] = {}
-        cache = self._cache
         for k, ref in enumerate(refs):
             hit = cache.get(ref)
             if hit is not None:
@@ -171,6 +179,41 @@ class PageCache(ABC):
             return
         self._cache[ref] = (message, size)
         self._held += size
+
+    def cached(self, refs: list[int]) -> list[dict[str, Any]] | None:
+        """The messages ``refs`` name if the cache holds every one of them, else None; changes neither the
+        cache's order nor its counters. A checkpoint's message section is written from it (checkpoint/
+        payload.py, ``dump_messages``): a history all in memory is written, one that is paged is not."""
+        cache = self._cache
+        try:
+            return [cache[r][0] for r in refs]
+        except KeyError:
+            return None
+
+    def seed(self, refs: list[int], messages: list[Any], size: int) -> int:
+        """Keep the messages of a checkpoint's message section (``messages[i]`` is what ``refs[i]`` names; None
+        items are skipped), each counted as ``size`` JSON bytes (the section's average), as :meth:`keep_read`
+        keeps what a pass read: never evicting, and only while the budget has room. Returns how many it kept.
+
+        What a message section holds is what the log's records held when the checkpoint was written; records
+        change in place only by erasure, which deletes the checkpoint before it changes the log (erasure.py)."""
+        cost = size + MESSAGE_OVERHEAD
+        room = max(0, (self.cache_bytes - self._held) // cost)
+        cache, floor = self._cache, self._floor
+        if floor or None in messages:
+            fresh = [(r, (m, cost)) for r, m in zip(refs, messages) if m is not None and r >= floor and r not in cache]
+            del fresh[room:]
+            cache.update(fresh)
+            self._held += cost * len(fresh)
+            return len(fresh)
+        # (the common case, every item a message: one update, then what the cache held before put back as it was)
+        held = list(cache.items())
+        before = len(cache)
+        cache.update(zip(refs[:room], zip(messages[:room], repeat(cost))))
+        cache.update(held)
+        added = len(cache) - before
+        self._held += cost * added
+        return added
 
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""

@@ -11,7 +11,8 @@ this package re-exports their names):
   ``orjson.dumps`` call; :func:`dump_in_steps` does the same for a :meth:`Projection.capture` in steps between
   which the event loop runs), :func:`encode` frames it with a header and a CRC, :func:`decode` verifies and
   parses it, :func:`mismatch` and :func:`restore` decide whether it fits this session and rebuild the state;
-  ``front.py`` takes and restores the front section (below);
+  ``front.py`` takes and restores the front section (below); ``sections.py`` puts a message section's
+  messages in the pager's cache;
 * where it is stored (I/O, ``store.py``): a :class:`CheckpointStore` (``load``/``save``/``discard`` of payload
   bytes); :class:`FileCheckpointStore` keeps ``<session>/checkpoint.json`` (temp file 0600, fsync, rename,
   fsync folder). Another backend exposes its own store as ``log.checkpoint_store``;
@@ -30,9 +31,14 @@ Payload layout (bytes)::
     xxxxxxxx\\n                                          <- CRC-32 of the header line and the front section
     <L bytes: the state JSON, Projection.to_state(refs=True)>\\n
     xxxxxxxx\\n                                          <- CRC-32 of the state section
+    <M bytes: the message section JSON>\\n               (layout 5, ``"messages_bytes":M`` in the header)
+    xxxxxxxx\\n                                          <- CRC-32 of the message section
 
 Layout 4: beside a file log the state's ``messages`` are refs into the log (``position << 20 | index``,
 pages.py), not message contents; layouts 2 and 3 (contents) are still read (docs/format.md, "Checkpoints").
+Layout 5 adds the message section: while the whole history is in the pager's cache, the messages the refs name,
+in one array (``payload.dump_messages``), which loading the history parses in one call into the cache
+(``sections.py``) instead of reading the log; a damaged one is reported and the log read instead.
 
 The front section (:func:`front_of`) is what the first request view of a long session needs: the session
 facts, every system/developer message, the first turns, each pinned message with the turns around it, and the

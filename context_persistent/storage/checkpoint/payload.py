@@ -4,6 +4,7 @@ and decide whether it fits a session (layout in the package docstring, :mod:`con
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import zlib
 from array import array
 from collections.abc import Callable
@@ -18,14 +19,18 @@ from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import Counts, PagedList, Projection, Refs, json_default, raw_items
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
-#: ``base`` (a state section older than the front); version 2 payloads read the same without it.
-CHECKPOINT_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
+#: ``base`` (a state section older than the front); version 2 payloads read the same without it. Version 5 added
+#: the message section (``messages_bytes``); version 4 payloads read the same without it.
+CHECKPOINT_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
 #: The projection layout a payload was written for: a new field invalidates old checkpoints by itself. (The
 #: pager is where messages are read from, not state. The fields are slots of Projection's base, model/fold.py.)
 SCHEMA = sorted(s for c in Projection.__mro__ for s in getattr(c, "__slots__", ()) if s != "pager")
 #: List items (messages, keys, token counts) serialised per step of a background checkpoint write.
 DUMP_STEP = 16_384
+#: Messages of the message section serialised per step (their contents: a step of 300-byte messages is about
+#: 0.6 MB, a few milliseconds of the event loop).
+MESSAGE_STEP = 2048
 _TRAILER = 9  # 8 hex digits + newline
 
 
@@ -53,6 +58,11 @@ class Checkpoint:
     #: None: the state section follows the front. Else ``{"file", "offset", "crc"}``: it is in that earlier
     #: checkpoint file of the session folder (``checkpoint.base``), at ``offset``, its CRC line ``crc``.
     state_in: dict[str, Any] | None = None
+    #: Length of the message section that follows the state section (wherever that is), 0 if there is none.
+    messages_bytes: int = 0
+    #: The message section with its trailer, as :func:`decode` found it (not verified yet: :func:`parse_messages`),
+    #: or None (none, or not read).
+    messages_section: bytes | memoryview | None = None
 
     @property
     def state_seq(self) -> int:
@@ -93,14 +103,17 @@ async def dump_in_steps(captured: dict[str, Any], step: int | None = None) -> li
 
 def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: str | None,
                  last_crc: str | None, tokenizer: str | None, state_bytes: int, front_json: bytes = b"null",
-                 base: dict[str, Any] | None = None, state_in: dict[str, Any] | None = None) -> bytes:
+                 base: dict[str, Any] | None = None, state_in: dict[str, Any] | None = None,
+                 messages_bytes: int = 0) -> bytes:
     """The header line, the front section and its CRC line: what precedes a state section of
-    ``state_bytes`` bytes (the section and its own CRC line follow)."""
+    ``state_bytes`` bytes (the section and its own CRC line follow, then the message section of
+    ``messages_bytes`` bytes and its CRC line, if any)."""
     header = json_lossless.dumps({
         "checkpoint": CHECKPOINT_VERSION, "format": codec.FORMAT_VERSION, "schema": SCHEMA,
         "session_id": session_id, "seq": seq, "position": position, "first_crc": first_crc,
         "last_crc": last_crc, "tokenizer": tokenizer, "front_bytes": len(front_json), "state_bytes": state_bytes,
         "base": base, **({"state_in": state_in} if state_in is not None else {}),
+        **({"messages_bytes": messages_bytes} if messages_bytes else {}),
     })
     crc1 = zlib.crc32(b"\n", zlib.crc32(front_json, zlib.crc32(header + b"\n")))
     return b"".join((header, b"\n", front_json, b"\n", b"%08x\n" % crc1))
@@ -108,19 +121,113 @@ def encode_front(*, session_id: str, seq: int, position: int | None, first_crc: 
 
 def encode(*, session_id: str, seq: int, position: int | None, first_crc: str | None, last_crc: str | None,
            tokenizer: str | None, state_json: bytes | list[bytes], front_json: bytes = b"null",
-           base: dict[str, Any] | None = None) -> bytes:
+           base: dict[str, Any] | None = None, messages_json: list[bytes] | None = None) -> bytes:
     """Frame a state snapshot (and its front section) into a self-checking payload (package docstring).
 
-    ``state_json``: the state's JSON, or the pieces :func:`dump_in_steps` returns (joined here, once)."""
+    ``state_json``: the state's JSON, or the pieces :func:`dump_in_steps` returns (joined here, once).
+    ``messages_json``: the message section's pieces (:func:`dump_messages`), or None for none."""
     parts = [state_json] if isinstance(state_json, bytes) else state_json
+    messages = messages_json or []
     prefix = encode_front(session_id=session_id, seq=seq, position=position, first_crc=first_crc,
                           last_crc=last_crc, tokenizer=tokenizer, state_bytes=sum(map(len, parts)),
-                          front_json=front_json, base=base)
-    crc2 = 0
+                          front_json=front_json, base=base, messages_bytes=sum(map(len, messages)))
+    tail = [b"\n", b"%08x\n" % _crc_of(parts)]
+    if messages:
+        tail += [*messages, b"\n", b"%08x\n" % _crc_of(messages)]
+    return b"".join((prefix, *parts, *tail))  # one copy of the state
+
+
+def _crc_of(parts: list[bytes]) -> int:
+    """CRC-32 of the concatenation of ``parts`` and a newline (a section and the newline that ends it)."""
+    crc = 0
     for part in parts:
-        crc2 = zlib.crc32(part, crc2)
-    crc2 = zlib.crc32(b"\n", crc2)
-    return b"".join((prefix, *parts, b"\n", b"%08x\n" % crc2))  # one copy of the state
+        crc = zlib.crc32(part, crc)
+    return zlib.crc32(b"\n", crc)
+
+
+async def dump_messages(items: Any, cached: Callable[[list[int]], list[Any] | None], limit: int,
+                        step: int | None = None) -> list[bytes] | None:
+    """The message section of a captured history (``items``: its refs, a :class:`Refs`), serialised ``step``
+    messages at a time with the event loop free between steps: JSON arrays, one line per step (newline
+    separated), together holding for each item the message its ref names as ``cached(refs)`` gives it (the
+    pager's cache, never the log), or null for an item that is not a ref (the state section holds it whole).
+    Lines let a reader parse it a piece at a time (:func:`parse_messages`). None when the cache misses one of
+    them (the history is not all in memory: it is read from the log after an open) or the section would pass
+    ``limit`` bytes."""
+    step = step or MESSAGE_STEP
+    packed = items.a if type(items) is Refs else array("q", [v if type(v) is int else -1 for v in items])
+    parts: list[bytes] = []
+    size = -1
+    for start in range(0, len(packed), step):
+        if start:
+            await asyncio.sleep(0)
+        piece = packed[start:start + step].tolist()
+        if min(piece) < 0:  # (an item that is not a ref: null in the section)
+            refs = [v for v in piece if v >= 0]
+            got = cached(refs)
+            if got is None:
+                return None
+            it = iter(got)
+            values: list[Any] = [next(it) if v >= 0 else None for v in piece]
+        else:
+            values = cached(piece)  # type: ignore[assignment]
+            if values is None:
+                return None
+        chunk = json_lossless.dumps(values)
+        size += len(chunk) + 1
+        if size > limit:
+            return None
+        parts.append(b"\n" + chunk if start else chunk)
+    return parts
+
+
+def parse_messages(read: Callable[[int, int], bytes], start: int, length: int, n: int) -> list[Any]:
+    """Verify and parse a message section of ``length`` bytes at ``start`` (``read(offset, count)`` reads it)
+    for a state of ``n`` messages: newline-separated JSON arrays holding ``n`` items in all, each a message (an
+    object) or null. Read and parsed a piece (``_PIECE``) at a time, so that loading it never holds the whole
+    section's bytes beside its messages; its CRC line is checked before anything is returned (CheckpointError:
+    damaged or malformed; the caller reads the messages from the log instead and says so)."""
+    items: list[Any] = []
+    crc, pos = 0, 0
+    pending: list[bytes] = []  # (the start of a line not complete yet)
+    malformed: str | None = None
+    while pos < length:
+        block = read(start + pos, min(_PIECE, length - pos))
+        if not block:
+            raise CheckpointError(f"truncated message section ({pos} of {length} bytes)")
+        pos += len(block)
+        crc = zlib.crc32(block, crc)
+        if malformed is not None:
+            continue  # (the rest only for the checksum: a damaged section is reported as damaged)
+        cut = block.rfind(b"\n") if pos < length else len(block)
+        if cut < 0:
+            pending.append(block)
+            continue
+        pending.append(block[:cut])
+        text = b"".join(pending) if len(pending) > 1 else pending[0]
+        pending = [block[cut + 1:]]
+        try:
+            for line in text.split(b"\n"):
+                part = json_lossless.loads(line)
+                if type(part) is not list:
+                    raise ValueError(f"a line holds {type(part).__name__}, not an array")
+                items.extend(part)
+        except (orjson.JSONDecodeError, ValueError) as e:
+            malformed, items = str(e), []
+    trailer = read(start + length, 1 + _TRAILER)
+    got = b"\n%08x\n" % zlib.crc32(b"\n", crc)
+    if trailer != got:
+        if len(trailer) != 1 + _TRAILER or trailer[:1] != b"\n" or trailer[-1:] != b"\n":
+            raise CheckpointError(f"truncated message section (its trailer is {trailer!r})")
+        raise CheckpointError(f"message section checksum mismatch (stored {trailer[1:-1].decode('ascii', 'replace')}, "
+                              f"computed {got[1:-1].decode()}): truncated or corrupt")
+    if malformed is not None:
+        raise CheckpointError(f"malformed message section: {malformed}")
+    if len(items) != n:
+        raise CheckpointError(f"malformed message section: {len(items)} items for a state of {n} messages")
+    if not set(map(type, items)) <= {dict, type(None)}:
+        raise CheckpointError("malformed message section: an item is neither a message nor null")
+    return items
 
 
 def _check_crc(data: bytes | memoryview, what: str) -> None:
@@ -145,7 +252,17 @@ def _head(line: bytes) -> dict[str, Any]:
     for key in ("front_bytes", "state_bytes"):
         if not isinstance(head.get(key), int) or head[key] < 0:
             raise CheckpointError(f"malformed header: {key} {head.get(key)!r}")
+    messages = head.get("messages_bytes", 0)
+    if type(messages) is not int or messages < 0:
+        raise CheckpointError(f"malformed header: messages_bytes {messages!r}")
     return head
+
+
+def section_tail(head: dict[str, Any]) -> int:
+    """Bytes from the start of the state section to the end of the payload: the state section and its CRC
+    line, then the message section and its CRC line if there is one."""
+    messages = head.get("messages_bytes", 0)
+    return head["state_bytes"] + 1 + _TRAILER + (messages + 1 + _TRAILER if messages else 0)
 
 
 def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
@@ -153,7 +270,8 @@ def _checkpoint(head: dict[str, Any], front: Any, state: Any) -> Checkpoint:
         cp = Checkpoint(session_id=head["session_id"], seq=head["seq"], position=head["position"],
                         first_crc=head["first_crc"], last_crc=head["last_crc"], tokenizer=head["tokenizer"],
                         format=head["format"], schema=head["schema"], state=state, front=front,
-                        base=head.get("base"), state_in=head.get("state_in"))
+                        base=head.get("base"), state_in=head.get("state_in"),
+                        messages_bytes=head.get("messages_bytes", 0))
     except KeyError as e:
         raise CheckpointError(f"malformed payload: header lacks {e}") from None
     if not isinstance(cp.seq, int) or cp.seq < 1 or not (state is None or isinstance(state, dict)):
@@ -189,48 +307,60 @@ def decode(data: bytes, packed: bool = False) -> Checkpoint:
         raise CheckpointError(f"truncated ({len(data)} bytes, no header line)")
     head = _head(data[:nl])
     split = _front_size(head, nl)
-    if len(data) != split + head["state_bytes"] + 1 + _TRAILER:
+    if len(data) != split + section_tail(head):
         raise CheckpointError(f"payload is {len(data)} bytes, its header says "
-                              f"{split + head['state_bytes'] + 1 + _TRAILER}: truncated or corrupt")
+                              f"{split + section_tail(head)}: truncated or corrupt")
     view = memoryview(data)
+    end = split + head["state_bytes"] + 1 + _TRAILER  # (the state section's end: the message section follows)
     _check_crc(view[:split], "header/front")
-    _check_crc(view[split:], "state")
+    _check_crc(view[split:end], "state")
     where = head.get("state_in")
-    if isinstance(where, dict) and bytes(view[-_TRAILER:-1]) != str(where.get("crc")).encode():
+    if isinstance(where, dict) and bytes(view[end - _TRAILER:end - 1]) != str(where.get("crc")).encode():
         raise CheckpointError(f"the state section in {CHECKPOINT_BASE_NAME} is not the one the checkpoint names "
-                              f"(CRC {bytes(view[-_TRAILER:-1]).decode('ascii', 'replace')}, expected "
+                              f"(CRC {bytes(view[end - _TRAILER:end - 1]).decode('ascii', 'replace')}, expected "
                               f"{where.get('crc')})")
     try:
         front = json_lossless.loads(view[nl + 1 : nl + 1 + head["front_bytes"]])
-        state = (parse_state(data, split, len(data) - _TRAILER - 1) if packed
-                 else json_lossless.loads(view[split : len(data) - _TRAILER - 1]))
+        state = (parse_state(data, split, end - _TRAILER - 1) if packed
+                 else json_lossless.loads(view[split : end - _TRAILER - 1]))
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"malformed payload: {e}") from None
-    return _checkpoint(head, front, state)
+    cp = _checkpoint(head, front, state)
+    if cp.messages_bytes:  # (verified when used: a damaged message section costs only itself, parse_messages)
+        cp = dataclasses.replace(cp, messages_section=view[end:])
+    return cp
 
 
 
 
 #: Bytes of a stored list parsed per piece by :func:`parse_state`.
 _PIECE = 1 << 20
-_DIGITS = b"0123456789,"
 
 
 def _ints(buf: bytes, start: int, end: int, nulls: bool) -> "array[int]":
     """The items of the JSON list of non-negative integers (and ``null``, read as -1, where ``nulls``) between
     ``start`` and ``end``, parsed a piece at a time into an ``array('q')``; ValueError for anything else."""
     out = array("q")
-    allowed = _DIGITS + b"nul" if nulls else _DIGITS
+    allowed = {int, type(None)} if nulls else {int}
     while start < end:
         stop = end
         if end - start > _PIECE:
             stop = buf.rfind(b",", start, start + _PIECE)
             if stop <= start:
                 stop = end
-        piece = buf[start:stop]
-        if piece.translate(None, allowed):
-            raise ValueError("not a list of non-negative integers")
-        out.extend(array("q", map(int, (piece.replace(b"null", b"-1") if nulls else piece).split(b","))))
+        try:
+            values = orjson.loads(b"[" + buf[start:stop] + b"]")
+        except orjson.JSONDecodeError:
+            raise ValueError("not a list of non-negative integers") from None
+        if values:
+            if not set(map(type, values)) <= allowed:  # (no float, bool, string or object)
+                raise ValueError("not a list of non-negative integers")
+            known = [v for v in values if v is not None] if nulls and None in values else values
+            if known and min(known) < 0:
+                raise ValueError("not a list of non-negative integers")
+            if known is not values:
+                values = [-1 if v is None else v for v in values]
+        out.extend(array("q", values))
         start = stop + 1
     return out
 

@@ -17,9 +17,10 @@ from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import LoadRefused, Projection
 from .front import SystemIndex, front_of, restore_front
-from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front, mismatch,
-                      restore)
-from .store import CheckpointStore, FileCheckpointStore, first_record_crc, read_state
+from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front,
+                      mismatch, restore)
+from .sections import dump_section, load_section, section_refs, use_section, wants_section
+from .store import CheckpointStore, FileCheckpointStore, first_record_crc, message_reader, read_state
 from .replay import replay_from_base, replay_sync, seed_state
 
 logger = logging.getLogger("context_persistent.storage.checkpoint")
@@ -53,13 +54,18 @@ class _Prepared:
     front_json: bytes
     counted: int
     base: dict[str, Any] | None = None
-    #: (descriptor of the checkpoint file, owned by the write; offset, length) of the state section to copy
-    splice: tuple[int, int, int] | None = None
+    #: (descriptor of the checkpoint file, owned by the write; offset, length, message section's length) of the
+    #: state section to copy (with the message section that follows it, if any)
+    splice: tuple[int, int, int, int] | None = None
+    #: Redactions the state holds (its ``counts``): see :attr:`Checkpointer.redactions`.
+    redactions: int = 0
 
-def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int) -> int:
+def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int,
+                messages: int = 0) -> int:
     """Store a based checkpoint whose state section is the one in the open file ``src`` (closed here): by
     reference, keeping that file as ``checkpoint.base`` (O(1): nothing of the section is read or written), or,
-    where the file system cannot link it, by copying the section after the new front."""
+    where the file system cannot link it, by copying the section after the new front. The message section of
+    ``messages`` bytes that follows the state section there (aligned with it) goes with it."""
     try:
         linked = store.keep_as_base(src)
         crc = os.pread(src, 8, offset + length + 1).decode("ascii", "replace") if linked else ""
@@ -67,13 +73,47 @@ def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, of
         os.close(src)
         raise
     if not linked:
-        prefix = encode_front(state_bytes=length, **fields)
-        return store.save_copying(prefix, src, offset, length + 1 + _TRAILER)  # (closes src)
+        prefix = encode_front(state_bytes=length, messages_bytes=messages, **fields)
+        count = length + 1 + _TRAILER + (messages + 1 + _TRAILER if messages else 0)
+        return store.save_copying(prefix, src, offset, count)  # (closes src)
     try:
         where = {"file": CHECKPOINT_BASE_NAME, "offset": offset, "crc": crc}
-        return store.save_front_only(encode_front(state_bytes=length, state_in=where, **fields))
+        return store.save_front_only(encode_front(state_bytes=length, state_in=where, messages_bytes=messages,
+                                                  **fields))
     finally:
         os.close(src)
+
+
+def _redactions(cp: Checkpoint) -> int:
+    """The redactions the state ``cp`` holds had folded (its ``counts``; 0 if it does not say)."""
+    facts = (cp.front or {}).get("meta") if cp.state is None else cp.state
+    counts = facts.get("counts") if isinstance(facts, dict) else None
+    redacted = counts.get("redacted", 0) if isinstance(counts, dict) else 0
+    return redacted if type(redacted) is int else 0
+
+
+async def anchor_mismatch(cp: Checkpoint, log: Any) -> str | None:
+    """Why ``cp`` is not anchored in ``log`` (another log, or one shorter or rewritten), or None."""
+    first = await first_record_crc(log)
+    if first != cp.first_crc:
+        return (f"its first-record fingerprint {cp.first_crc} does not match the log's ({first}): "
+                "it was written for another log under this session id")
+    record_before = getattr(log, "record_before", None)
+    if record_before is not None:
+        if not isinstance(cp.position, int):
+            return f"its position {cp.position!r} is not a byte offset"
+        anchors = [(cp.seq, cp.position, cp.last_crc, "its")]
+        if cp.base is not None:
+            anchors.append((cp.base["seq"], cp.base["position"], cp.base["last_crc"], "its state section's"))
+        for seq, position, crc, whose in anchors:
+            rec = record_before(position)
+            if rec is None or rec["seq"] != seq or rec.get("crc") != crc:
+                found = "no record" if rec is None else f"seq {rec['seq']} (crc {rec.get('crc')})"
+                return (f"the log does not hold {whose} seq {seq} (crc {crc}) at byte {position} "
+                        f"(found {found}): the log is shorter or was rewritten")
+    elif cp.base is not None:
+        return "it is based on an older state section, which only a file log can bring up to date"
+    return None
 
 
 class Checkpointer:
@@ -123,6 +163,16 @@ class Checkpointer:
         self.prefix_h = 0
         #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
         self.loaded_total: tuple[int, int] | None = None
+        #: How many messages of the history the checkpoint's message section put in the pager's cache when the
+        #: history was loaded (0: none; the messages are then read from the log). docs/format.md.
+        self.section_messages = 0
+        #: The loaded checkpoint's message section failed verification: the next close writes a new checkpoint.
+        self.section_damaged = False
+        #: Redactions the stored checkpoint's state had folded (None: no checkpoint stored, or one not loaded): a
+        #: close after more writes a new checkpoint, so
+        #: that no checkpoint keeps a redacted message's text in its front or message section longer than the
+        #: process that redacted it (its log keeps the bytes: docs/operations.md, "Erasure").
+        self.redactions: int | None = None
 
     # -- loading --------------------------------------------------------------------------------------
     async def load(self, log: Any, tokenizer: Callable[[], str]) -> Projection:
@@ -141,6 +191,7 @@ class Checkpointer:
         self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
         self.loaded_view_prefix = (cp.front or {}).get("view_prefix") if isinstance(cp.front, dict) else None
+        self.redactions = _redactions(cp)
         h = self.loaded_view_prefix.get("h") if isinstance(self.loaded_view_prefix, dict) else None
         self.prefix_h = h if type(h) is int and h > 0 else 0
         if cp.state is None:  # lazy: the front section says how many counts the stored state holds
@@ -200,10 +251,16 @@ class Checkpointer:
                 state_loader = functools.partial(self._load_rest, f, offset, length, cp, tokenizer, log)
             else:
                 cp = decode(payload, packed=True)  # type: ignore[arg-type]
-            reason = mismatch(cp, session_id=self.session_id) or await self._anchor_mismatch(cp, log)
+            reason = mismatch(cp, session_id=self.session_id) or await anchor_mismatch(cp, log)
             if reason is None:
                 if opened is None:
-                    return cp, restore(cp, tokenizer, self.pager)
+                    state = restore(cp, tokenizer, self.pager)
+                    if (cp.messages_section is not None
+                            and wants_section(self.pager, cp, len(state.messages), self.session_id)):
+                        section = memoryview(cp.messages_section)
+                        self._seed(section_refs(state), load_section(
+                            lambda at, count: bytes(section[at:at + count]), 0, cp, len(state.messages)), cp)
+                    return cp, state
                 state = restore_front(cp, tokenizer, state_loader, self.pager)
                 self._system.seed(state)
                 self._lazy_file = f
@@ -231,14 +288,21 @@ class Checkpointer:
 
     def _read_rest(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
                    log: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        messages: tuple[list[Any] | None, str | None] | None = None
         try:
             try:
                 section = f.read_state(offset, length) if hasattr(f, "read_state") else read_state(f, offset, length)
                 state = restore(dataclasses.replace(cp, state=section), tokenizer, self.pager)
+                if wants_section(self.pager, cp, len(state.messages), self.session_id):
+                    messages = load_section(message_reader(f), offset + length + 1 + _TRAILER, cp,
+                                            len(state.messages))
             finally:
                 f.close()
+            refs = section_refs(state) if messages is not None else None
             if cp.base is not None:
                 replay_from_base(log, state, cp)
+            if refs is not None and messages is not None:
+                self._seed(refs, messages, cp)
             logger.debug("session %s: loaded the rest of the checkpoint at seq %d", self.session_id, cp.seq)
         except (CheckpointError, OSError, ValueError) as e:  # (ValueError: the file was closed by a failed try)
             self.ignored = f"state section: {e}"
@@ -252,32 +316,17 @@ class Checkpointer:
             state = replay_sync(log, cp, self.pager)
         return state.messages, state.keys, state.tokens
 
+    def _seed(self, refs: list[int], loaded: tuple[list[Any] | None, str | None], cp: Checkpoint) -> None:
+        """Put the message section's messages in the pager's cache; one that fails verification is reported
+        (``ignored``, a warning: sections.use_section) and the messages are read from the log instead."""
+        self.section_messages, error = use_section(self.pager, refs, loaded, cp, self.session_id)
+        if error is not None:
+            self.ignored, self.section_damaged = f"message section: {error}", True
+
     def fresh(self, log: Any) -> Projection:
         """The state a replay from the log's first record starts from: empty, or, when the log's oldest segments
         expired, seeded from the ``expired`` record the manifest's boundary names (retention.py)."""
         return seed_state(log, self.pager)
-
-    async def _anchor_mismatch(self, cp: Checkpoint, log: Any) -> str | None:
-        first = await first_record_crc(log)
-        if first != cp.first_crc:
-            return (f"its first-record fingerprint {cp.first_crc} does not match the log's ({first}): "
-                    "it was written for another log under this session id")
-        record_before = getattr(log, "record_before", None)
-        if record_before is not None:
-            if not isinstance(cp.position, int):
-                return f"its position {cp.position!r} is not a byte offset"
-            anchors = [(cp.seq, cp.position, cp.last_crc, "its")]
-            if cp.base is not None:
-                anchors.append((cp.base["seq"], cp.base["position"], cp.base["last_crc"], "its state section's"))
-            for seq, position, crc, whose in anchors:
-                rec = record_before(position)
-                if rec is None or rec["seq"] != seq or rec.get("crc") != crc:
-                    found = "no record" if rec is None else f"seq {rec['seq']} (crc {rec.get('crc')})"
-                    return (f"the log does not hold {whose} seq {seq} (crc {crc}) at byte {position} "
-                            f"(found {found}): the log is shorter or was rewritten")
-        elif cp.base is not None:
-            return "it is based on an older state section, which only a file log can bring up to date"
-        return None
 
     async def _reject(self, reason: str) -> None:
         self.ignored = reason
@@ -367,7 +416,8 @@ class Checkpointer:
                 await self._write(self._prepare(state, log, tokenizer), log)
             return
         if (state.head_seq - self.seq >= enough or _counted(state) - self.counted >= enough
-                or grown >= CLOSE_MIN_BYTES or self._prefix_gain() >= enough):
+                or grown >= CLOSE_MIN_BYTES or self._prefix_gain() >= enough or self.section_damaged
+                or self.redactions is not None and state.counts.get("redacted", 0) > self.redactions):
             await self._write(self._prepare(state, log, tokenizer), log)
 
     def _prefix_gain(self) -> int:
@@ -426,7 +476,7 @@ class Checkpointer:
                     pass  # (no descriptor left): capture the whole state instead, below
                 else:
                     return _Prepared(state.head_seq, position, name, last_crc, None, front, self.counted, base,
-                                     (src, offset, length))
+                                     (src, offset, length, 0 if self.section_damaged else source.messages_bytes))
         state.materialise()
         counted = _counted(state)
         front_json = b"null"
@@ -434,7 +484,7 @@ class Checkpointer:
                                              or getattr(self.store, "reads_front", False)):  # (read lazily only there)
             front_json = self._front(state, counted=counted)[0]
         return _Prepared(state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(),
-                         front_json, counted)
+                         front_json, counted, redactions=state.counts.get("redacted", 0))
 
     def _front(self, state: Projection, *, counted: int) -> tuple[bytes, bool]:
         """The front section's JSON, and whether it holds any token count."""
@@ -464,19 +514,25 @@ class Checkpointer:
                           last_crc=prep.last_crc, tokenizer=prep.tokenizer, front_json=prep.front_json,
                           base=prep.base)
             if splice is not None:
-                src, offset, length = splice
+                src, offset, length, section = splice
                 assert isinstance(store, FileCheckpointStore)
                 splice = None  # _save_based closes src
-                size = await asyncio.to_thread(_save_based, store, fields, src, offset, length)
+                size = await asyncio.to_thread(_save_based, store, fields, src, offset, length, section)
             else:
                 assert prep.captured is not None
                 state_json = await dump_in_steps(prep.captured)
+                messages_json = (await dump_section(self.pager, prep.captured["messages"])
+                                 if isinstance(store, FileCheckpointStore) else None)
                 prep.captured = None  # (the copies of the lists are not needed any more)
-                framing = functools.partial(encode, state_json=state_json, **fields)  # type: ignore[arg-type]
-                large = sum(map(len, state_json)) >= _THREAD_MIN
+                framing = functools.partial(encode, state_json=state_json, messages_json=messages_json,
+                                            **fields)  # type: ignore[arg-type]
+                large = sum(map(len, state_json)) + sum(map(len, messages_json or ())) >= _THREAD_MIN
                 payload = await asyncio.to_thread(framing) if large else framing()
                 await store.save(payload, seq)
                 size = len(payload)
+            self.section_damaged = False
+            if prep.splice is None and prep.captured is None:  # (a whole state written: its redactions)
+                self.redactions = prep.redactions
             if seq >= self.seq:
                 self.seq = seq
                 self.position = prep.position if isinstance(prep.position, int) else 0

@@ -16,7 +16,7 @@ import orjson
 from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, NOFOLLOW, create_private_file, fsync_dir, write_all
 from ..segment_store import _step
-from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head, parse_state
+from .payload import _TRAILER, Checkpoint, CheckpointError, _check_crc, _checkpoint, _head, parse_state, section_tail
 
 
 def read_front(f: Any) -> tuple[Checkpoint, int, int]:
@@ -47,8 +47,8 @@ def check_front(line: bytes, head: dict[str, Any], rest: bytes, size: int) -> tu
         if size != offset:
             raise CheckpointError(f"payload is {size} bytes, its header says {offset}: truncated or corrupt")
         return cp, int(cp.state_in["offset"]), length
-    if size != offset + length + 1 + _TRAILER:  # a truncated or extended state section, found without reading it
-        raise CheckpointError(f"payload is {size} bytes, its header says {offset + length + 1 + _TRAILER}: "
+    if size != offset + section_tail(head):  # a truncated or extended state section, found without reading it
+        raise CheckpointError(f"payload is {size} bytes, its header says {offset + section_tail(head)}: "
                               "truncated or corrupt")
     return cp, offset, length
 
@@ -56,6 +56,13 @@ def check_front(line: bytes, head: dict[str, Any], rest: bytes, size: int) -> tu
 def read_state(f: Any, offset: int, length: int) -> dict[str, Any]:
     """Read, verify and parse the state section (``offset``/``length`` from :func:`read_front`)."""
     return check_state(os.pread(f.fileno(), length + 1 + _TRAILER, offset), length)
+
+
+def message_reader(f: Any) -> Callable[[int, int], bytes]:
+    """``read(offset, count)`` of the open file ``f`` (the message section follows the state section in the
+    file that holds it: at ``offset + length + 1 + _TRAILER`` for :func:`read_front`'s offset and length)."""
+    fd = f.fileno()
+    return lambda offset, count: os.pread(fd, count, offset)
 
 
 def check_state(data: bytes, length: int) -> dict[str, Any]:
@@ -111,13 +118,15 @@ class FileCheckpointStore:
             head = json_lossless.loads(data[:nl])
             where, length = head["state_in"], int(head["state_bytes"])
             offset = int(where["offset"])
+            messages = int(head.get("messages_bytes", 0))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"malformed header: {e}") from None
         base = self._open(self.base)
         if base is None:
             raise CheckpointError(f"its state section is in {CHECKPOINT_BASE_NAME}, which is missing")
-        with base:
-            section = os.pread(base.fileno(), length + 1 + _TRAILER, offset)
+        with base:  # (and the message section, which follows it there)
+            section = os.pread(base.fileno(), length + 1 + _TRAILER + (messages + 1 + _TRAILER if messages else 0),
+                               offset)
         return data + section
 
     def open_state_file(self, cp: Checkpoint, length: int) -> Any:

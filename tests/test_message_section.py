@@ -1,0 +1,270 @@
+"""The checkpoint's message section (docs/format.md, "Checkpoints"): the history's messages beside the state
+section's refs while they fit the page cache's budget, so that open + get_messages() reads no record of the log it
+covers. Round trip, older checkpoints without it, a damaged section (reported, the log read instead), erasure and
+redaction (no erased or redacted text left in a checkpoint file) and a writer killed while writing one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from context_persistent import PersistentContextManager
+from context_persistent.operations.erasure import check_receipt
+from context_persistent.operations.repair import verify
+from context_persistent.storage.checkpoint import decode
+from context_persistent.storage.log import scan
+from context_persistent.storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
+from context_persistent.model.projection import Projection
+
+from strategies import tool_turns
+
+S = "s"
+CONFIG: dict[str, Any] = dict(fsync="never", tokenizer="chars/4", recognise_replay=False)
+SECRET = {"role": "user", "content": "the vault code is 4411-ZETA-9, keep it safe"}
+NEEDLE = orjson.dumps(SECRET)
+
+
+async def _open(storage: Path, **config: Any) -> PersistentContextManager:
+    return await PersistentContextManager.open(storage_path=storage, session_id=S, **{**CONFIG, **config})
+
+
+def _fold(storage: Path) -> list[Any]:
+    state = Projection()
+    for rec, _ in scan(storage / S / LOG_NAME):
+        state.apply(rec)
+    return list(state.messages)
+
+
+def _head(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return orjson.loads(data[:data.index(b"\n")])  # type: ignore[no-any-return]
+
+
+def _section_at(data: bytes) -> tuple[int, int]:
+    """(offset, length) of the message section in a checkpoint file holding its own state section."""
+    nl = data.index(b"\n")
+    head = orjson.loads(data[:nl])
+    start = nl + 1 + head["front_bytes"] + 1 + 9 + head["state_bytes"] + 1 + 9
+    return start, head["messages_bytes"]
+
+
+async def _session(storage: Path, turns: int = 300, secret_at: int | None = None, **config: Any) -> None:
+    async with await _open(storage, **config) as store:
+        await store.add_message({"role": "system", "content": "You are helpful."})
+        for i, m in enumerate(tool_turns(turns)):
+            if i == secret_at:
+                await store.add_message(SECRET)
+            await store.add_message(m)
+
+
+async def test_round_trip_reads_no_record_it_covers(storage: Path) -> None:
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    head = _head(path)
+    assert head["checkpoint"] == 5 and head["messages_bytes"] > 0
+    cp = decode(path.read_bytes())
+    assert cp.messages_bytes == head["messages_bytes"] and cp.messages_section is not None
+    want = _fold(storage)
+    async with await _open(storage) as store:
+        assert store._state.is_lazy  # (the open reads the front section only)
+        await store.add_message({"role": "user", "content": "one more"})  # (the log's tail after the checkpoint)
+        store._s.pager.reads = 0
+        got = await store.get_messages()
+        assert got == want + [{"role": "user", "content": "one more"}]
+        assert store._checkpoints.section_messages == len(want) and store._checkpoints.ignored is None
+        assert store._s.pager.reads == 0  # every message from the section or the appends, none from the log
+        got[0]["content"] = "changed by the caller"  # (a copy: nothing stored changes)
+        assert (await store.get_messages())[0]["content"] == "You are helpful."
+
+
+async def test_a_history_beyond_the_budget_is_written_without_a_section(storage: Path) -> None:
+    """The section is written only while every message is in the page cache: a paged history is not."""
+    await _session(storage, page_cache_bytes=4096)
+    head = _head(storage / S / CHECKPOINT_NAME)
+    assert "messages_bytes" not in head
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.section_messages == 0 and store._checkpoints.ignored is None
+
+
+async def test_a_budget_lowered_since_reads_the_log(storage: Path) -> None:
+    await _session(storage)
+    size = _head(storage / S / CHECKPOINT_NAME)["messages_bytes"]
+    async with await _open(storage, page_cache_bytes=size - 1) as store:
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.section_messages == 0 and store._s.pager.reads > 0
+
+
+async def test_an_older_checkpoint_without_the_section_still_loads(storage: Path) -> None:
+    """A layout-4 checkpoint (no ``messages_bytes``, nothing after the state section) loads as before."""
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    data = path.read_bytes()
+    start, _ = _section_at(data)
+    nl = data.index(b"\n")
+    head = orjson.loads(data[:nl])
+    del head["messages_bytes"]
+    head["checkpoint"] = 4
+    line = orjson.dumps(head)
+    front_end = nl + 1 + head["front_bytes"] + 1
+    front = data[nl + 1:front_end]
+    crc = zlib.crc32(front, zlib.crc32(line + b"\n"))
+    path.write_bytes(line + b"\n" + front + b"%08x\n" % crc + data[front_end + 9:start])
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage)
+        cps = store._checkpoints
+        assert cps.loaded_seq > 0 and cps.ignored is None and cps.section_messages == 0
+        assert store._s.pager.reads > 0
+        await store.add_messages(tool_turns(100))  # (enough for close to write a new checkpoint)
+    assert _head(path)["messages_bytes"] > 0
+
+
+@pytest.mark.parametrize("where", ["inside", "crc"])
+async def test_a_damaged_section_is_reported_and_the_log_is_read(storage: Path, caplog: pytest.LogCaptureFixture,
+                                                                 where: str) -> None:
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    data = bytearray(path.read_bytes())
+    start, length = _section_at(bytes(data))
+    data[start + length // 2 if where == "inside" else start + length + 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    async with await _open(storage) as store:
+        with caplog.at_level(logging.WARNING, logger="context_persistent"):
+            assert await store.get_messages() == _fold(storage)
+        cps = store._checkpoints
+        assert cps.loaded_seq > 0 and cps.section_messages == 0 and store._s.pager.reads > 0
+        assert cps.ignored is not None and cps.ignored.startswith("message section: message section checksum")
+        assert store.stats()["checkpoint"]["ignored"] == cps.ignored
+        assert "message section cannot be used" in caplog.text and "reading the messages from the log" in caplog.text
+    # the close wrote a new checkpoint (nothing else was due): the next open uses its section again
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.section_messages > 0 and store._checkpoints.ignored is None
+
+
+async def test_a_section_that_does_not_match_its_state_is_refused(storage: Path) -> None:
+    """A section with a valid checksum but one item too few (never written so): refused, not used."""
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    data = path.read_bytes()
+    start, length = _section_at(data)
+    items = [m for line in data[start:start + length].split(b"\n") for m in orjson.loads(line)]
+    short = orjson.dumps(items[:-1])
+    nl = data.index(b"\n")
+    head = orjson.loads(data[:nl])
+    head["messages_bytes"] = len(short)
+    line = orjson.dumps(head)
+    front_end = nl + 1 + head["front_bytes"] + 1
+    front = data[nl + 1:front_end]
+    crc1 = zlib.crc32(front, zlib.crc32(line + b"\n"))
+    crc3 = zlib.crc32(b"\n", zlib.crc32(short))
+    path.write_bytes(line + b"\n" + front + b"%08x\n" % crc1 + data[front_end + 9:start] + short
+                     + b"\n%08x\n" % crc3)
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.section_messages == 0
+        assert "items for a state of" in (store._checkpoints.ignored or "")
+
+
+async def test_erase_leaves_no_copy_in_any_checkpoint_file(storage: Path) -> None:
+    await _session(storage, secret_at=40)
+    folder = storage / S
+    start, length = _section_at((folder / CHECKPOINT_NAME).read_bytes())
+    assert NEEDLE in (folder / CHECKPOINT_NAME).read_bytes()[start:start + length]  # (the section holds it)
+    async with await _open(storage, checkpoint_every=50) as store:
+        seq = next(rec["seq"] for rec, _ in scan(folder / LOG_NAME) if rec["data"].get("message") == SECRET)
+        receipt = await store.erase(seq=seq)
+        assert receipt["checkpoints"][0]["action"] == "deleted"
+        assert not any(NEEDLE in p.read_bytes() for p in folder.iterdir() if p.is_file())
+        assert SECRET not in await store.get_messages()
+        await store.add_messages(tool_turns(30))  # (periodic checkpoints after the erase: written with a section)
+        assert await store.verify_erasure(receipt) == []
+    cp_files = [p for p in folder.iterdir() if p.name in (CHECKPOINT_NAME, CHECKPOINT_BASE_NAME)]
+    assert cp_files and _head(folder / CHECKPOINT_NAME)["messages_bytes"] > 0
+    assert [p.name for p in folder.iterdir() if p.is_file() and NEEDLE in p.read_bytes()] == []
+    assert check_receipt(folder, receipt) == []
+    async with await _open(storage) as store:
+        got = await store.get_messages()
+        assert SECRET not in got and got == _fold(storage)
+        assert store._checkpoints.section_messages > 0
+    assert verify(folder, S).ok
+
+
+async def test_redaction_leaves_no_text_in_the_checkpoint_written_at_close(storage: Path) -> None:
+    """A redaction keeps the bytes in the log (docs/operations.md), not in a checkpoint: the close after it
+    writes a new one, even with fewer events than a close needs otherwise."""
+    await _session(storage, secret_at=40)
+    folder = storage / S
+    async with await _open(storage) as store:
+        index = (await store.get_messages()).index(SECRET)
+        await store.redact(index)
+    assert NEEDLE in (folder / LOG_NAME).read_bytes()
+    assert not any(NEEDLE in (folder / n).read_bytes() for n in (CHECKPOINT_NAME, CHECKPOINT_BASE_NAME)
+                   if (folder / n).exists())
+    async with await _open(storage) as store:
+        assert SECRET not in await store.get_messages() and store._checkpoints.section_messages > 0
+
+
+CHILD = """
+import asyncio, sys
+from context_persistent import PersistentContextManager
+sys.path.insert(0, sys.argv[2])
+from strategies import tool_turns
+async def main():
+    store = await PersistentContextManager.open(storage_path=sys.argv[1], session_id="s", fsync="never",
+                                                tokenizer="chars/4", recognise_replay=False, checkpoint_every=40)
+    await store.get_messages()
+    for _ in range(50):  # (killed long before the end: by the crash hook, or by the test)
+        for m in tool_turns(100):
+            await store.add_message(m)
+    await store.close()
+    print("DONE", flush=True)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("crash_at", ["checkpoint-written", None])
+def test_a_writer_killed_while_writing_a_checkpoint_leaves_an_openable_session(storage: Path,
+                                                                               crash_at: str | None) -> None:
+    """A real process killed after the new checkpoint's temp file is written but before it is renamed (the
+    crash hook), or with SIGKILL at once after its first checkpoint: the session opens, the history is the log's."""
+    import asyncio
+
+    asyncio.run(_session(storage, turns=100))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path])}
+    if crash_at:
+        env["CONTEXT_PERSISTENT_CRASH_AT"] = crash_at
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(storage), str(Path(__file__).parent)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if crash_at is None:  # (killed as soon as a checkpoint newer than the first is in place)
+        first = _head(storage / S / CHECKPOINT_NAME)["seq"]
+        while proc.poll() is None:
+            try:
+                if _head(storage / S / CHECKPOINT_NAME)["seq"] > first:
+                    break
+            except (ValueError, OSError):
+                pass
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    out = proc.stdout.read() if proc.stdout else b""
+    if proc.stdout:
+        proc.stdout.close()
+    if proc.stderr:
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL and b"DONE" not in out, out
+
+    async def check() -> None:
+        async with await _open(storage) as store:
+            assert await store.get_messages() == _fold(storage)
+            assert store._checkpoints.loaded_seq > 0 and store._checkpoints.ignored is None
+
+    asyncio.run(check())
