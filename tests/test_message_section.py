@@ -25,6 +25,7 @@ from context_persistent.storage.log import scan
 from context_persistent.storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
 from context_persistent.model.projection import Projection
 
+from checkpoint_files import section_at, strip_message_section
 from strategies import tool_turns
 
 S = "s"
@@ -47,14 +48,6 @@ def _fold(storage: Path) -> list[Any]:
 def _head(path: Path) -> dict[str, Any]:
     data = path.read_bytes()
     return orjson.loads(data[:data.index(b"\n")])  # type: ignore[no-any-return]
-
-
-def _section_at(data: bytes) -> tuple[int, int]:
-    """(offset, length) of the message section in a checkpoint file holding its own state section."""
-    nl = data.index(b"\n")
-    head = orjson.loads(data[:nl])
-    start = nl + 1 + head["front_bytes"] + 1 + 9 + head["state_bytes"] + 1 + 9
-    return start, head["messages_bytes"]
 
 
 async def _session(storage: Path, turns: int = 300, secret_at: int | None = None, **config: Any) -> None:
@@ -108,17 +101,7 @@ async def test_an_older_checkpoint_without_the_section_still_loads(storage: Path
     """A layout-4 checkpoint (no ``messages_bytes``, nothing after the state section) loads as before."""
     await _session(storage)
     path = storage / S / CHECKPOINT_NAME
-    data = path.read_bytes()
-    start, _ = _section_at(data)
-    nl = data.index(b"\n")
-    head = orjson.loads(data[:nl])
-    del head["messages_bytes"]
-    head["checkpoint"] = 4
-    line = orjson.dumps(head)
-    front_end = nl + 1 + head["front_bytes"] + 1
-    front = data[nl + 1:front_end]
-    crc = zlib.crc32(front, zlib.crc32(line + b"\n"))
-    path.write_bytes(line + b"\n" + front + b"%08x\n" % crc + data[front_end + 9:start])
+    strip_message_section(path)
     async with await _open(storage) as store:
         assert await store.get_messages() == _fold(storage)
         cps = store._checkpoints
@@ -134,7 +117,7 @@ async def test_a_damaged_section_is_reported_and_the_log_is_read(storage: Path, 
     await _session(storage)
     path = storage / S / CHECKPOINT_NAME
     data = bytearray(path.read_bytes())
-    start, length = _section_at(bytes(data))
+    start, length = section_at(bytes(data))
     data[start + length // 2 if where == "inside" else start + length + 3] ^= 0x01
     path.write_bytes(bytes(data))
     async with await _open(storage) as store:
@@ -156,7 +139,7 @@ async def test_a_section_that_does_not_match_its_state_is_refused(storage: Path)
     await _session(storage)
     path = storage / S / CHECKPOINT_NAME
     data = path.read_bytes()
-    start, length = _section_at(data)
+    start, length = section_at(data)
     items = [m for line in data[start:start + length].split(b"\n") for m in orjson.loads(line)]
     short = orjson.dumps(items[:-1])
     nl = data.index(b"\n")
@@ -178,7 +161,7 @@ async def test_a_section_that_does_not_match_its_state_is_refused(storage: Path)
 async def test_erase_leaves_no_copy_in_any_checkpoint_file(storage: Path) -> None:
     await _session(storage, secret_at=40)
     folder = storage / S
-    start, length = _section_at((folder / CHECKPOINT_NAME).read_bytes())
+    start, length = section_at((folder / CHECKPOINT_NAME).read_bytes())
     assert NEEDLE in (folder / CHECKPOINT_NAME).read_bytes()[start:start + length]  # (the section holds it)
     async with await _open(storage, checkpoint_every=50) as store:
         seq = next(rec["seq"] for rec, _ in scan(folder / LOG_NAME) if rec["data"].get("message") == SECRET)
@@ -218,6 +201,7 @@ CHILD = """
 import asyncio, sys
 from context_persistent import PersistentContextManager
 sys.path.insert(0, sys.argv[2])
+from checkpoint_files import section_at, strip_message_section
 from strategies import tool_turns
 async def main():
     store = await PersistentContextManager.open(storage_path=sys.argv[1], session_id="s", fsync="never",
@@ -268,3 +252,22 @@ def test_a_writer_killed_while_writing_a_checkpoint_leaves_an_openable_session(s
             assert store._checkpoints.loaded_seq > 0 and store._checkpoints.ignored is None
 
     asyncio.run(check())
+
+
+async def test_verify_checks_the_section_against_the_log_and_repair_removes_a_damaged_one(storage: Path) -> None:
+    from context_persistent.operations.repair import repair
+
+    await _session(storage)
+    folder = storage / S
+    report = verify(folder, S)
+    assert report.ok and report.checkpoint["messages"] == "valid"
+    path = folder / CHECKPOINT_NAME
+    data = bytearray(path.read_bytes())
+    start, length = section_at(bytes(data))
+    data[start + length // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = verify(folder, S)
+    assert not report.ok and report.checkpoint["status"] == "valid"
+    assert report.checkpoint["messages"].startswith("damaged: message section checksum mismatch")
+    repair(folder, S)
+    assert not path.exists() and verify(folder, S).ok

@@ -20,6 +20,8 @@ from context_persistent.errors import LogCorruptedError
 from context_persistent.operations.repair import verify
 from context_persistent.storage.segments import MANIFEST_NAME, LogReader, ManifestError, read_line_at
 
+from checkpoint_files import strip_message_section
+
 SID = "seg"
 
 
@@ -191,8 +193,13 @@ async def test_open_with_a_checkpoint_reads_no_sealed_segment(storage: Path) -> 
         p = folder / s["name"]
         os.chmod(p, 0o600)
         p.write_bytes(b"z" * s["size"])
-    # Open and the newest messages read none of them (the history keeps refs into the log); reading an old
-    # message does, and the damage is an error, never a message skipped (docs/architecture.md, "Bounded memory").
+    # The checkpoint's message section holds the history as the log held it when it was written: served from it,
+    # nothing of the damaged segments is read (verify, below, reports them).
+    async with await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096) as store:
+        assert await store.get_messages() == messages and store._checkpoints.section_messages > 0
+    strip_message_section(folder / "checkpoint.json")
+    # Without it, open and the newest messages read none of them (the history keeps refs into the log); reading an
+    # old message does, and the damage is an error, never a message skipped (docs/architecture.md, "Bounded memory").
     store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=4096)
     try:
         assert await store.get_messages(last=5) == messages[-5:] and store.head_seq == len(messages) + 1

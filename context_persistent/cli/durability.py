@@ -65,6 +65,9 @@ def format_report(r: Report) -> str:
         lines.append("  checkpoint: none (open replays the whole log)")
     elif cp["status"] == "valid":
         lines.append(f"  checkpoint: valid at seq {cp['seq']} ({cp['behind']} events behind the head)")
+        if str(cp.get("messages", "")).startswith("damaged"):
+            lines.append(f"  PROBLEM checkpoint's message section {cp['messages']} (harmless: open reads the "
+                         "messages from the log instead; the next close or repair replaces it)")
     else:
         lines.append(f"  PROBLEM checkpoint ignored by open: {cp['reason']} (harmless: open replays the log; "
                      "repair removes it)")
@@ -82,7 +85,7 @@ def next_step(r: Report) -> str:
     if any(p.kind == "session" for p in r.problems):
         return FOREIGN_LOG_ADVICE
     damaged = bool(r.problems) or any(not g.explained and not g.corrupt for g in r.gaps) \
-        or r.checkpoint["status"] not in ("missing", "valid")
+        or r.checkpoint["status"] not in ("missing", "valid") or not r.checkpoint.get("ok", True)
     semantic = any(f.problem for f in r.semantic)
     sid = r.session_id
     if damaged and semantic:

@@ -11,8 +11,10 @@ from typing import Any
 
 from ..model import json_lossless
 from ..model.projection import Counts, Projection, Refs, same_items
+from ..errors import LogCorruptedError
 from ..storage.checkpoint import CheckpointError, FileCheckpointStore, decode as decode_checkpoint, mismatch
-from ..storage.pages import MessageReader
+from ..storage.checkpoint.sections import load_section, section_refs
+from ..storage.pages import STREAM_CACHE_BYTES, MessageReader
 from .log_walk import _Walk
 
 
@@ -61,6 +63,34 @@ def _same_state(state: Projection, stored: Projection | dict[str, Any] | None, d
     return all(x == y if type(x) is int and type(y) is int else get(x) == get(y) for x, y in zip(a, b))
 
 
+def _check_messages(cp: Any, stored: Projection, directory: Path, status: dict[str, Any]) -> None:
+    """``status["messages"]``: whether the checkpoint's message section (docs/format.md) verifies and holds what
+    the log's records hold at its refs ("valid"), else why not (and ``ok`` False: open reads those messages from
+    the log instead, and repair removes the checkpoint)."""
+    refs = section_refs(stored)
+    section = memoryview(cp.messages_section)
+    items, error = load_section(lambda at, count: bytes(section[at:at + count]), 0, cp, len(refs))
+    if items is not None:
+        reader = MessageReader(directory, STREAM_CACHE_BYTES)
+        try:
+            for start in range(0, len(refs), 4096):
+                chunk = [(r, m) for r, m in zip(refs[start:start + 4096], items[start:start + 4096]) if r >= 0]
+                got = reader.fetch_many([r for r, _ in chunk])
+                bad = next((i for i, ((_, m), g) in enumerate(zip(chunk, got)) if m != g), None)
+                if bad is not None:
+                    error = f"its message {start + bad} is not the message the log holds at its ref"
+                    break
+        except LogCorruptedError as e:  # (reported with the log's problems: the section is not compared)
+            status["messages"] = f"not compared: {e.reason}"
+            return
+        finally:
+            reader.close()
+    if error is None:
+        status["messages"] = "valid"
+    else:
+        status.update(messages=f"damaged: {error}", ok=False)
+
+
 def _check_checkpoint(directory: Path, session_id: str
                       ) -> tuple[dict[str, Any], Callable[[dict[str, Any], int, Projection | None], None], Callable[[_Walk], None]]:
     """The checkpoint status, filled in during the walk (``on_record``) and after it (``finish``)."""
@@ -86,7 +116,9 @@ def _check_checkpoint(directory: Path, session_id: str
     stored: Projection | None = None
     if cp is not None and cp.state is not None:
         stored = _stored_state(cp.state, MessageReader(directory))
-        cp = replace(cp, state=None)  # (the parsed lists go: the walk folds the history beside it)
+        if stored is not None and cp.messages_section is not None:
+            _check_messages(cp, stored, directory, status)
+        cp = replace(cp, state=None, messages_section=None)  # (the parsed lists go: the walk folds the history)
 
     def on_record(rec: dict[str, Any], end: int, state: Projection | None) -> None:
         nonlocal stored

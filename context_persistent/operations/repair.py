@@ -189,7 +189,7 @@ def _repair_locked(directory: Path, session_id: str, path: Path,
         # A log of another session id is never rebuilt: its records are not ours to keep or quarantine.
         if (not fixable and all(g.explained for g in walk.gaps)) or any(p.kind == "session" for p in unfixable):
             out.abandon()
-            removed = status["status"] == "ignored"
+            removed = status["status"] == "ignored" or not status.get("ok", True)  # (or its message section)
             if removed:
                 store.discard_sync()  # a checkpoint open would ignore: remove the useless cache
             return RepairResult(session_id, str(path), False, walk.records, [], None, walk.gaps, removed,
