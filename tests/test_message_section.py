@@ -271,3 +271,22 @@ async def test_verify_checks_the_section_against_the_log_and_repair_removes_a_da
     assert report.checkpoint["messages"].startswith("damaged: message section checksum mismatch")
     repair(folder, S)
     assert not path.exists() and verify(folder, S).ok
+
+
+async def test_a_based_checkpoint_keeps_its_base_message_section(storage: Path) -> None:
+    """A checkpoint written while the history is still lazy refers to (or copies) the state section it was
+    opened from, and the message section that follows it: the next open still reads the history from it."""
+    await _session(storage)
+    async with await _open(storage, checkpoint_every=20) as store:
+        assert store._state.is_lazy
+        for i in range(25):
+            await store.add_message({"role": "user", "content": f"later {i}"})
+        while store._checkpoints._task is not None:
+            await store._checkpoints._task
+        assert store._state.is_lazy
+    head = _head(storage / S / CHECKPOINT_NAME)
+    assert head["base"] is not None and head["messages_bytes"] > 0
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.section_messages > 0 and store._checkpoints.ignored is None
+    assert verify(storage / S, S).checkpoint["messages"] == "valid"
