@@ -361,15 +361,15 @@ class PersistentContextManager:
     # -- reading (ledger.py, request_views.py, views.py) ------------------------------------------------
     async def get_messages(self, last: int | None = None) -> list[dict[str, Any]]:
         """Returns the full history since the last clear/replacement, as a copy (changing it changes nothing
-        stored); ``last=N``: only the newest N messages (a lazily opened store does not load the rest for them).
+        stored; a dict equal to what the previous call gave at its place is given again: session.history_copy);
+        ``last=N``: only the newest N messages (a lazily opened store does not load the rest for them).
 
         Raises ValueError if ``last`` is not None or an integer >= 0; StoreClosedError after ``close()``.
         """
         s = self._s
         s.check_open()
         if last is None:
-            messages = s.full().messages
-            return copy_json(messages) if type(messages) is list else [copy_json(m) for m in messages]
+            return s.history_copy()
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
             raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
         return copy_json(s.state.messages[-last:]) if last else []
