@@ -68,12 +68,13 @@ class UsageMeter:
     async def rebuild(self) -> None:
         """Fold the log's newest reports (at open). A log that cannot be read back here keeps the prior (logged);
         the store's own reads report what is wrong with it."""
-        if not self._s.state.counts.get(ev.USAGE_REPORTED):
+        reports = self._s.state.counts.get(ev.USAGE_REPORTED)
+        if not reports:
             return
         from ..storage.newest import newest_records
 
-        try:
-            records = await newest_records(self._s.log, ev.USAGE_REPORTED, REBUILD_REPORTS)
+        try:  # (no more than the log holds: the backward read stops at its oldest report, not at the start)
+            records = await newest_records(self._s.log, ev.USAGE_REPORTED, min(REBUILD_REPORTS, reports))
         except Exception as e:
             logger.warning("session %s: could not read the usage reports back (%s); the meter starts from the prior",
                            self._s.session_id, e)
