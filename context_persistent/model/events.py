@@ -120,9 +120,8 @@ def _deeper_than(messages: Any, limit: int) -> bool:
         v, depth = stack.pop()
         if depth > limit:
             return True
-        if type(v) is dict:
-            v = v.values()
-        stack.extend((x, depth + 1) for x in v if type(x) is dict or type(x) is list)
+        stack.extend((x, depth + 1) for x in (v.values() if type(v) is dict else v)
+                     if type(x) is dict or type(x) is list)
     return False
 
 

@@ -103,7 +103,7 @@ class PersistentContextManager:
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
         self._eraser = Eraser(s, writer, self._appends, self._edits, self._forget_derived, self)
-        self._usage = UsageMeter(s, writer)
+        self._usage = UsageMeter(s, writer, self._ledger)
         self._life = Lifecycle(s, writer, self._appends, self._usage.rebuild)
 
     # -- opening (lifecycle.py)  -------------------------------------------------------------
@@ -441,7 +441,7 @@ class PersistentContextManager:
         self._appends.end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         await self._prompt.refresh()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        view = await self._usage.view_for(self._views, budget, provider, source)
         exact = view.stats.get("token_count_exact", True)
         self._usage.serve(self._s.state.head_seq, view.token_count if exact else self._views.exact_total(view),
                           provider)
@@ -457,7 +457,7 @@ class PersistentContextManager:
         """
         self._s.check_open()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source, exact=True)
+        view = await self._usage.view_for(self._views, budget, provider, source, exact=True)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:
