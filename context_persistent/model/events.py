@@ -104,11 +104,15 @@ def encode_messages(messages: Any) -> bytes:
             if type(role) is not str or role not in roles:
                 break
         else:
-            if not _deeper_than(messages, MAX_DEPTH):
-                try:
-                    return dumps(messages)
-                except ValueError:
-                    pass  # (the per-message encode below names the message and what is wrong with it)
+            try:
+                out = dumps(messages)
+            except ValueError:
+                out = None  # (the per-message encode below names the message and what is wrong with it)
+            # A message nesting d containers writes at least d brackets (orjson escapes none in strings, so
+            # brackets in texts only make the count larger): few brackets beyond one per message need no walk.
+            if out is not None and (out.count(b"[") + out.count(b"{") - len(messages) - 1 < MAX_DEPTH
+                                    or not _deeper_than(messages, MAX_DEPTH)):
+                return out
     return b"[" + b",".join(validate_messages(messages)) + b"]"
 
 

@@ -140,16 +140,19 @@ class PageCache(ABC):
 
     def _uncached(self, refs: list[int]) -> tuple[list[Any], dict[int, list[int]]]:
         """``refs`` served from the cache (None where it misses) and the misses: ``{ref >> 20: [their places]}``."""
-        out: list[Any] = [None] * len(refs)
+        get = self._cache.get
+        hits = [get(ref) for ref in refs]
         want: dict[int, list[int]] = {}
-        cache = self._cache
-        for k, ref in enumerate(refs):
-            hit = cache.get(ref)
+        if None not in hits:  # (all held: a history that fits the cache, read again)
+            self.hits += len(refs)
+            return [hit[0] for hit in hits], want  # type: ignore[index]
+        out: list[Any] = [None] * len(refs)
+        for k, hit in enumerate(hits):
             if hit is not None:
                 self.hits += 1
                 out[k] = hit[0]
             else:
-                want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+                want.setdefault(refs[k] >> REF_INDEX_BITS, []).append(k)
         return out, want
 
     def keep_from(self, position: int) -> None:

@@ -106,8 +106,7 @@ class RequestViews:
         to count it at."""
         if exact and refit is not None:
             budget, refit = refit(), None
-        bounded = self.cache is not None and self.cache[5]
-        if not bounded:
+        if self.cache is not None and not self.cache[5]:  # (a counted view, extended, counts what was appended)
             await self._ledger.count_large_off_loop()
         cached = self._cached(budget, exact)
         if cached is not None:
@@ -123,8 +122,7 @@ class RequestViews:
                 made = self._cached(budget, exact) or (None if exact else await self._bounded(budget))
                 if made is not None:
                     return made
-        if bounded or exact:
-            await self._ledger.count_large_off_loop()
+        await self._ledger.count_large_off_loop()  # (before counting: large texts in a worker thread)
         return await self._build(budget, source)
 
     def exact_total(self, view: RequestView) -> Callable[..., Any]:
