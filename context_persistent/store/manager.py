@@ -491,7 +491,8 @@ class PersistentContextManager:
         ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``provider`` and
         ``model`` name who counted (the calibration is kept per provider and model). ``request_seq`` and
         ``estimated_tokens`` default to the request view this store served last (the request the report
-        answers). ``id`` (the provider's response id) makes recording the same report again a no-op.
+        answers; a view made from bounds, not counted yet, is named by the record's ``view`` and its count
+        paired when the store next counts: docs/tokens.md). ``id`` (the provider's response id) makes recording the same report again a no-op.
         ``input_includes_cache``: whether ``input_tokens`` already count the cached tokens (OpenAI: yes;
         Anthropic: no; None: by the provider's name). The report calibrates the meter at once; the record is
         written with the next append (or at close, or by the next group commit): never a write of its own on
