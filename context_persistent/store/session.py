@@ -94,6 +94,8 @@ class Session:
         self.handed_out: list[dict[str, Any]] = []
         #: (id of the state, epoch) when they were handed out: the same pair means only appends since.
         self.handed_mark: tuple[int, int] | None = None
+        #: Up to how many messages the handed-out dicts are kept without looking at the memory again.
+        self.handed_limit = 0
         if config.get("search_index", True) and not log.readonly:
             from ..operations.search.background import BackgroundIndexer
 
@@ -143,17 +145,22 @@ class Session:
         messages: Any = self.full().messages
         prev = self.handed_out
         mark = (id(self.state), self.epoch)
-        if shared and self.handed_mark == mark and len(prev) <= len(messages):
-            n, out = len(prev), prev  # (only appends since: the same dicts, the new messages copied)
+        # (only appends since, and the history grew by at most a quarter since the memory was looked at: the
+        # same dicts, the new messages copied)
+        appended = shared and self.handed_mark == mark and len(prev) <= len(messages) <= self.handed_limit
+        if appended:
+            n, out = len(prev), prev
         else:
             n = min(len(prev), len(messages))
             out = [h if h == m else copy_json(m) for h, m in zip(prev[:n], messages)] if n else []
         if len(messages) > n:
             out += copy_json(messages[n:]) if type(messages) is list else [copy_json(m) for m in messages[n:]]
-        if type(messages) is list:
+        if appended or type(messages) is list:
             held = True
-        else:  # (a paged history: whole in its page cache once read, while it fits the cache's budget)
-            held = type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages)
+        else:  # (a paged history: in its page cache once read, while it fits the cache's budget; the newest
+            # messages may not be there yet: nine in ten held means the history fits)
+            held = type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9
+            self.handed_limit = len(messages) + len(messages) // 4 + 64
         self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
         return out.copy() if held else out
 
