@@ -263,3 +263,16 @@ async def test_a_pending_report_that_says_the_view_no_longer_fits_is_paired_befo
         assert not store._usage.pending and store.stats()["calibration"]["reports"] == 1
         await store.close()
     assert views[0] == views[1] and len(views[1]) < 61  # (compacted: the provider counts far more than the store)
+
+
+async def test_with_calibrate_off_a_pending_report_never_loads_the_tokenizer(tmp_path: Path) -> None:
+    """calibrate: false: the reports never change a budget, so one that says the view is near the budget is not
+    paired on the request path (the tokenizer stays unloaded); the view is the store's own count's."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", calibrate=False)
+    await store.add_messages([{"role": "user", "content": f"question {i} " * 20} for i in range(60)])
+    await store.get_messages_for_request(token_budget=60_000)
+    await store.record_usage({"input_tokens": 59_800, "output_tokens": 5}, provider="anthropic", model="claude-x")
+    await store.add_message({"role": "assistant", "content": "answer"})
+    assert len(await store.get_messages_for_request(token_budget=60_000)) == 61
+    assert len(store._usage.pending) == 1 and not store._s.counter.loaded
+    await store.close()

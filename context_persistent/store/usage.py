@@ -184,7 +184,7 @@ class UsageMeter:
         paired (the tokenizer loads) before the view is counted, or when a view made from bounds does not fit
         what they say: the provider's count of the view it answered, grown in proportion to the bound since.
         A view that fits both is served without them (and without the tokenizer)."""
-        if not self.pending:
+        if not self.pending or not self.enabled:  # (with calibrate off the reports never change a budget)
             return await views.view(self.fitted_budget(budget, provider), source, exact)
 
         def refit() -> int:
