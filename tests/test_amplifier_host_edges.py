@@ -89,3 +89,29 @@ async def test_late_write_while_another_process_holds_the_session_warns_once(
         done.set()
         holder.join(30)
     assert await _messages(tmp_path) == []
+
+
+async def test_get_messages_in_the_host_follows_context_simples_contract(tmp_path: Path) -> None:
+    """The mount's get_messages hands out a new list whose dicts are made once and given again while only
+    messages were appended (context-simple's contract: a call costs the new messages); a caller's change to
+    one shows in later results but never in the stored history, the request view or the log. Any other
+    change of the history (a replacement) makes them afresh."""
+    coordinator = _Coordinator()
+    cleanup = await mount(coordinator, {"storage_path": str(tmp_path)})
+    store = coordinator.context
+    await store.add_messages([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    first = await store.get_messages()
+    await store.add_message({"role": "user", "content": "q2"})
+    second = await store.get_messages()
+    assert second is not first and [m["content"] for m in second] == ["q", "a", "q2"]
+    assert second[0] is first[0] and second[1] is first[1]
+    first[0]["content"] = "changed by the caller"
+    assert (await store.get_messages())[0]["content"] == "changed by the caller"  # (as context-simple's)
+    assert [m["content"] for m in await store.get_messages_for_request()] == ["q", "a", "q2"]
+    assert [m["content"] for m in store._s.state.messages] == ["q", "a", "q2"]
+    await store.set_messages([{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}],
+                             reason="test")
+    third = await store.get_messages()
+    assert [m["content"] for m in third] == ["q", "b"] and third[0] is not first[0]
+    await cleanup()
+    assert [m["content"] for m in await _messages(tmp_path)] == ["q", "b"]

@@ -24,7 +24,8 @@ TINY = ["append_n=5", "batch_total=128", "never_total=20", "replay_small=0", "re
         "request_huge=0", "request_calls=2", "tokens_messages=12", "import_rounds=1", "loop_mb=1", "segments_mb=1",
         "retention_sessions=6", "long_small=40", "long_medium=90", "long_large=0", "long_appends=20",
         "long_rounds=1", "long_peers=90", "long_cli=90", "usage_messages=20", "usage_turns=5",
-        "usage_request_messages=30", "usage_request_calls=2", "viewer_messages=400"]  # (the peers and the commands at 90 only: fewer children)
+        "usage_request_messages=30", "usage_request_calls=2", "viewer_messages=400",
+        "turns_messages=50", "turns_large=0", "turns_rounds=1", "turns_interactive=3"]  # (the peers and the commands at 90 only: fewer children)
 
 #: Every row name (prefix) each plug-in must produce with the sizes above.
 EXPECTED = {
@@ -60,6 +61,14 @@ EXPECTED = {
               "turn on 20 x 300 B, fsync=never: with record_usage / without", "record_usage call, fsync=never",
               "request unchanged 30 x 300 B: calibrated / calibrate=false",
               "request after one new message 30 x 300 B: calibrated / calibrate=false"],
+    "amplifier_turns": ["50 x 300 B: resumed turn, inside the module (new store), ours",
+                        "50 x 300 B: resumed turn, the same calls of an in-memory list",
+                        "50 x 300 B: resumed turn, ours, mount", "50 x 300 B: resumed turn, ours, set_messages",
+                        "50 x 300 B: resumed turn, ours, get_messages (3 calls)",
+                        "50 x 300 B: resumed turn, ours, get_messages_for_request",
+                        "50 x 300 B: resumed turn, ours, provider:response hook",
+                        "50 x 300 B: interactive turn (one store), fsync=never, ours",
+                        "50 x 300 B: interactive turn (one store), fsync=always, ours"],
     "viewer": ["open a session: facts + last 200 events, 400 messages", "last page of the full view, 400",
                "timeline page from the middle, 400", "first view page from the middle", "first page of the full view",
                "request view at 8,000 tokens, 400", "time travel to the middle", "time travel to another seq",
@@ -75,7 +84,7 @@ EXPECTED = {
 #: took a worker three minutes): each part is a full run of the harness on its plug-ins.
 PARTS = {"long_session": ["long_session", "replay"],
          "writes": ["append", "segments", "import", "loop", "tokens", "request"],
-         "hosts": ["usage", "viewer", "retention"]}
+         "hosts": ["usage", "viewer", "retention", "amplifier_turns"]}
 
 
 def test_the_parts_cover_every_plugin_once() -> None:

@@ -166,14 +166,28 @@ def test_two_validator_processes_do_not_collide(tmp_path: Path, subprocess_env: 
     assert not (Path(env["HOME"]) / ".amplifier").exists()
 
 
-async def test_amplifier_cores_validation_with_the_mount_plans_storage_is_ephemeral(tmp_path: Path) -> None:
+async def test_amplifier_cores_validation_with_the_mount_plans_storage_is_ephemeral(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """amplifier_core's ContextValidator mounts with the mount plan's config (a storage included), as the
     kernel's loader does at load: that run still writes nothing to the configured storage."""
     from amplifier_core.validation import ContextValidator
 
     import context_persistent
 
+    from context_persistent.store.manager import PersistentContextManager
+
+    opened: list[dict] = []
+    real_open = PersistentContextManager.open.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type, **kwargs: object) -> object:
+        opened.append(dict(kwargs))
+        return real_open(cls, **kwargs)
+
+    monkeypatch.setattr(PersistentContextManager, "open", classmethod(spy))
     result = await ContextValidator().validate(str(Path(context_persistent.__file__).parent),
                                                config={"storage_path": str(tmp_path / "cfg")})
     assert result.passed, result
     assert not (tmp_path / "cfg").exists() or not any((tmp_path / "cfg").iterdir())
+    # (the kernel's load-time check in every CLI process calls no method: its throwaway store syncs and indexes
+    # nothing, #23)
+    assert len(opened) == 1 and opened[0]["fsync"] == "never" and opened[0]["search_index"] is False

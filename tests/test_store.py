@@ -67,6 +67,29 @@ async def test_returned_lists_are_copies(storage: Path) -> None:
         assert await s.get_messages() == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
 
 
+async def test_repeated_get_messages_hand_out_equal_dicts_again_never_the_history(storage: Path) -> None:
+    """A second get_messages() gives again the dicts the first gave while they still equal the history (no
+    copy of an unchanged history per call, as context-simple); a dict a caller changed is copied afresh, the
+    list is new every time, and an erase drops what was handed out."""
+    async with await open_store(storage) as s:
+        await s.add_messages(RICH)
+        first = await s.get_messages()
+        second = await s.get_messages()
+        assert second == RICH and second is not first
+        assert all(a is b for a, b in zip(first, second))
+        first[2]["metadata"]["k"].append("changed")
+        first[3] = {"role": "user", "content": "replaced in the caller's list"}
+        del first[-1]
+        await s.add_message({"role": "user", "content": "new"})
+        third = await s.get_messages()
+        assert third == RICH + [{"role": "user", "content": "new"}]
+        assert third[2] is not first[2] and third[4] is second[4]
+        await s.erase(4, reason="test")
+        assert s._s.handed_out == []
+        fourth = await s.get_messages()
+        assert all(a is not b for a, b in zip(third, fourth))
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ({}, "no 'role'"),
     ({"role": "robot", "content": "x"}, "unknown role 'robot'"),

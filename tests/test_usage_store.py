@@ -27,14 +27,19 @@ def _kinds(storage: Path, session: str) -> list[str]:
 
 async def test_the_report_rides_with_the_next_append(tmp_path: Path) -> None:
     """record_usage writes nothing by itself (file log, fsync always): the record goes out in the same write as
-    the next event, answers the request view served last and carries the store's own count of it."""
+    the next event and answers the request view served last. That view was made from bounds (not counted):
+    the record names it (``view``) instead of the store's count, which the calibration pairs when the store
+    next counts (here stats()), without loading the tokenizer on the way."""
     store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
     await store.add_message({"role": "user", "content": "hello there"})
     view = await store.get_messages_for_request(token_budget=10_000)
     data = await store.record_usage(CLAUDE, provider="anthropic", model="claude-x")
     assert data is not None and _kinds(tmp_path, "s")[-1] == "message_added"
-    assert data["request_seq"] == store.head_seq and data["estimated_tokens"] == sum(
-        store._counter.count_message(m) for m in view)
+    assert not store._s.counter.loaded
+    assert data["request_seq"] == store.head_seq and data["estimated_tokens"] is None
+    assert data["view"]["messages"] == 1 and data["view"]["key"] == store._s.state.keys[0]
+    assert store.stats()["calibration"]["reports"] == 1
+    assert data["estimated_tokens"] == sum(store._counter.count_message(m) for m in view)
     log = store._s.log
     real_append, appends = log.append, []
 
@@ -47,6 +52,9 @@ async def test_the_report_rides_with_the_next_append(tmp_path: Path) -> None:
     assert appends == [2]  # (one write: the record and the message, no write of its own)
     assert _kinds(tmp_path, "s")[-2:] == ["usage_reported", "message_added"]
     await store.close()
+    logged = [decode(x)["data"] for x in (tmp_path / "s" / "events.jsonl").read_bytes().splitlines()
+              if decode(x)["type"] == "usage_reported"]
+    assert logged[0]["estimated_tokens"] is None and logged[0]["view"] == data["view"]
 
 
 async def test_same_id_is_recorded_once_also_after_a_resume(tmp_path: Path) -> None:
@@ -206,3 +214,65 @@ async def test_postgres_records_resumes_and_reads_the_ledger(tmp_path: Path, pg_
     await store.close()
     result = await read_usage(tmp_path, "pg-usage", by="model", **pg_config)
     assert result["rows"][0]["model"] == "claude-pg" and result["total"]["input_tokens"] == 500 * 10 + 3600
+
+
+async def test_a_report_left_unpaired_is_paired_after_a_resume_and_dropped_once_its_view_is_gone(tmp_path: Path
+                                                                                             ) -> None:
+    """A report whose view was not counted in its process is paired by the next one that counts, from the view
+    the record names (its length and the key of its last message); a history replaced since calibrates
+    nothing from it."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    await store.add_messages([{"role": "user", "content": f"question {i} " * 20} for i in range(30)])
+    view = await store.get_messages_for_request(token_budget=100_000)
+    data = await store.record_usage(CLAUDE, provider="anthropic", model="claude-x")
+    assert data is not None and data["estimated_tokens"] is None
+    await store.add_message({"role": "assistant", "content": "answer"})
+    await store.close()
+    exact = sum(store._counter.count_message(m) for m in view)
+
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    assert len(store._usage.pending) == 1 and not store._s.counter.loaded
+    await store.get_messages_for_request(token_budget=100_000)  # (fits by the bound and by the report)
+    assert len(store._usage.pending) == 1 and not store._s.counter.loaded
+    calibration = store.stats()["calibration"]
+    assert calibration["reports"] == 1 and store._usage.last_report["estimated_tokens"] == exact
+    assert list(store._usage.calibration.points[("anthropic", "claude-x")]) == [(exact, 1200 + 300 + 100)]
+    await store.close()
+
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s")
+    await store.set_messages([{"role": "user", "content": "a new history"}], reason="test")
+    assert store.stats()["calibration"]["reports"] == 0 and not store._usage.pending
+    await store.close()
+
+
+async def test_a_pending_report_that_says_the_view_no_longer_fits_is_paired_before_the_view(tmp_path: Path) -> None:
+    """The view made from bounds is served without pairing a pending report only while the report's count,
+    grown in proportion to the bound, fits the provider's budget too: a provider that counted the last
+    request near the budget gets the view a store that paired the report at once would make."""
+    views = []
+    for pair_at_once in (True, False):
+        store = await PersistentContextManager.open(storage_path=tmp_path, session_id=f"s{pair_at_once}")
+        await store.add_messages([{"role": "user", "content": f"question {i} " * 20} for i in range(60)])
+        await store.get_messages_for_request(token_budget=60_000)
+        await store.record_usage({"input_tokens": 59_800, "output_tokens": 5}, provider="anthropic",
+                                 model="claude-x")
+        if pair_at_once:
+            store.stats()
+        await store.add_message({"role": "assistant", "content": "answer"})
+        views.append(await store.get_messages_for_request(token_budget=60_000))
+        assert not store._usage.pending and store.stats()["calibration"]["reports"] == 1
+        await store.close()
+    assert views[0] == views[1] and len(views[1]) < 61  # (compacted: the provider counts far more than the store)
+
+
+async def test_with_calibrate_off_a_pending_report_never_loads_the_tokenizer(tmp_path: Path) -> None:
+    """calibrate: false: the reports never change a budget, so one that says the view is near the budget is not
+    paired on the request path (the tokenizer stays unloaded); the view is the store's own count's."""
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", calibrate=False)
+    await store.add_messages([{"role": "user", "content": f"question {i} " * 20} for i in range(60)])
+    await store.get_messages_for_request(token_budget=60_000)
+    await store.record_usage({"input_tokens": 59_800, "output_tokens": 5}, provider="anthropic", model="claude-x")
+    await store.add_message({"role": "assistant", "content": "answer"})
+    assert len(await store.get_messages_for_request(token_budget=60_000)) == 61
+    assert len(store._usage.pending) == 1 and not store._s.counter.loaded
+    await store.close()

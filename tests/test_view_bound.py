@@ -85,13 +85,20 @@ async def test_over_the_bound_the_view_is_counted_and_compacted_as_before(tmp_pa
 
 
 async def test_a_report_after_a_bounded_view_pairs_the_exact_count(tmp_path: Path) -> None:
-    """The calibration gets the store's exact count of a bounded view when the provider's report arrives."""
+    """The calibration gets the store's exact count of a bounded view: when the provider's report arrives if
+    the counts are made, else when the store next counts (the tokenizer is not loaded for the report)."""
     store = await _store(tmp_path)
     await store.add_messages(_turns(5))
     await store.get_messages_for_request(token_budget=100_000)
     assert store._views.cache[4].stats["token_count_exact"] is False  # type: ignore[index]
     data = await store.record_usage({"input_tokens": 900, "output_tokens": 5})
-    assert data is not None and data["estimated_tokens"] == sum(store._token_counts())
+    assert data is not None and data["estimated_tokens"] is None and not store._s.counter.loaded
+    assert await store.compact(token_budget=100_000) == 0  # (counts the view: the report is paired first)
+    assert data["estimated_tokens"] == sum(store._token_counts())
+    # counted already: the next report is paired at once
+    await store.get_messages_for_request(token_budget=100_000)
+    data = await store.record_usage({"input_tokens": 950, "output_tokens": 5})
+    assert data is not None and data["estimated_tokens"] == sum(store._token_counts()) and "view" not in data
     await store.close()
 
 

@@ -95,6 +95,8 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
         ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
         for key in ("backend", "dsn", "pg_schema"):
             config.pop(key, None)
+        if _validating():  # (the kernel's load-time check, in every CLI process: it calls no method; #23)
+            config.update(fsync="never", search_index=False)
         logger.info("context-persistent: mounted by amplifier_core's test coordinator; using the ephemeral "
                     "store %s (deleted at cleanup)", ephemeral)
     storage = ephemeral or storage_from(config)

@@ -68,6 +68,18 @@ class HostContext(PersistentContextManager):
             logger.warning("context-persistent: session %s not linked to the CLI's folder %s (retention's "
                            "follow_host will not follow it): %s", self._s.session_id, self.host_folder, e)
 
+    async def get_messages(self, last: int | None = None) -> list[dict[str, Any]]:
+        """The host's ``get_messages()``, with context-simple's contract (the CLI calls it three times a turn,
+        and once more per turn in an interactive session): a new list whose dicts are copies of the history's,
+        made once and handed out again while only messages were appended, so a call costs the new messages,
+        not the history. A caller that changes a dict it was given sees the change in later results (as with
+        context-simple, whose results are its own history); the stored history, the log and the request view
+        never do (docs/amplifier.md, "get_messages in the host")."""
+        if last is not None:
+            return await super().get_messages(last)
+        self._s.check_open()
+        return self._s.history_copy(shared=True)
+
     async def add_message(self, message: dict[str, Any]) -> None:
         if self.closed and self.closed_by_host:
             await self._late(message)

@@ -153,8 +153,13 @@ class Calibration:
         self._fits: dict[Key, tuple[Fit, Key]] = {}
 
     def apply(self, data: Mapping[str, Any]) -> None:
+        self.last_key = (data.get("provider"), data.get("model"))
+        self.add_point(data)
+
+    def add_point(self, data: Mapping[str, Any]) -> None:
+        """Pair a report's ``estimated_tokens`` with what it reported (a report folded by :meth:`apply` before
+        its view was counted is paired by this once it is: store/usage.py)."""
         key: Key = (data.get("provider"), data.get("model"))
-        self.last_key = key
         self.version += 1
         self._fits.clear()
         reported = request_tokens(data)

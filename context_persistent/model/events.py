@@ -90,6 +90,45 @@ def validate_messages(messages: Any) -> list[bytes]:
     return [validate_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
 
 
+def encode_messages(messages: Any) -> bytes:
+    """``validate_messages`` as one JSON array: ``b"[" + b",".join(validate_messages(messages)) + b"]"``, the same
+    bytes and the same errors, made by one encode of the whole list when every message is a plain dict with a
+    known role and no deep nesting (5-10x faster than an encode per message; docs/performance.md, #23). Anything
+    else goes through ``validate_messages``, which says what is wrong with which message."""
+    if type(messages) is list or type(messages) is tuple:
+        roles = _ROLE_SET
+        for m in messages:
+            if type(m) is not dict:
+                break
+            role = m.get("role")
+            if type(role) is not str or role not in roles:
+                break
+        else:
+            try:
+                out = dumps(messages)
+            except ValueError:
+                out = None  # (the per-message encode below names the message and what is wrong with it)
+            # A message nesting d containers writes at least d brackets (orjson escapes none in strings, so
+            # brackets in texts only make the count larger): few brackets beyond one per message need no walk.
+            if out is not None and (out.count(b"[") + out.count(b"{") - len(messages) - 1 < MAX_DEPTH
+                                    or not _deeper_than(messages, MAX_DEPTH)):
+                return out
+    return b"[" + b",".join(validate_messages(messages)) + b"]"
+
+
+def _deeper_than(messages: Any, limit: int) -> bool:
+    """Whether a message of ``messages`` nests more than ``limit`` containers (itself counting as one): a walk of
+    the containers only (a message of strings and numbers costs a look at its values)."""
+    stack = [(v, 2) for m in messages for v in m.values() if type(v) is dict or type(v) is list]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in (v.values() if type(v) is dict else v)
+                     if type(x) is dict or type(x) is list)
+    return False
+
+
 def digest(payload: bytes) -> str:
     return "sha256:" + hashlib.sha256(payload).hexdigest()
 

@@ -500,6 +500,8 @@ def _resolve(items: list[Any], pager: Pager) -> list[Any]:
     refs = [v for v in items if type(v) is int]
     if not refs:
         return list(items)
+    if len(refs) == len(items):  # (a history of refs alone: the messages in their order)
+        return list(pager.fetch_many(refs))
     got = iter(pager.fetch_many(refs))
     return [next(got) if type(v) is int else v for v in items]
 

@@ -12,6 +12,12 @@ from .eventlog import EventLog
 from .log import FileEventLog
 
 
+#: How much of the log one backward step reads: the records of a type are found in it by a byte search, so a
+#: scan that crosses the whole log (a session whose reports are far apart) costs a read of the log in large
+#: pieces, not a read per record (docs/performance.md, #23).
+WINDOW = 1 << 20
+
+
 def _backwards(log: FileEventLog, kind: str, limit: int) -> list[dict[str, Any]] | None:
     """Newest first; None when a line on the way does not decode (the caller reads forwards)."""
     if not isinstance(log.position, int):
@@ -19,19 +25,36 @@ def _backwards(log: FileEventLog, kind: str, limit: int) -> list[dict[str, Any]]
     wanted = f'"type":"{kind}"'.encode()
     out: list[dict[str, Any]] = []
     with log.reader() as reader:
-        position = log.position
-        while position > 0 and len(out) < limit:
-            line = reader.line_ending_at(position)
-            if not line.endswith(b"\n"):
+        floor = reader.manifest.start  # (before it: expired records, no longer in the log)
+        end = log.position
+        tail = b""  # the start of the oldest line read so far, whose beginning is further back
+        while end > floor and len(out) < limit:
+            start = max(floor, end - WINDOW)
+            data = b"".join(piece for _, piece in reader.chunks(start, end)) + tail
+            if len(data) != end - start + len(tail):
                 return None
-            position -= len(line)
-            if wanted in line:  # (a cheap filter; the record is decoded and checked below)
-                try:
+            cut = data.find(b"\n") + 1 if start > floor else 0
+            if start > floor and cut == 0:  # (a line longer than the window: read further back)
+                tail, end = data, start
+                continue
+            tail, body = data[:cut], data[cut:]
+            i = len(body)
+            while len(out) < limit:
+                j = body.rfind(wanted, 0, i)
+                if j < 0:
+                    break
+                first = body.rfind(b"\n", 0, j) + 1
+                line = body[first:body.find(b"\n", j) + 1]
+                if not line.endswith(b"\n"):
+                    return None
+                try:  # (a cheap filter; the record is decoded and checked here)
                     rec = codec.decode(line)
                 except (codec.RecordError, ValueError):
                     return None
                 if rec.get("type") == kind:
                     out.append(rec)
+                i = first
+            end = start
     return out
 
 

@@ -157,7 +157,7 @@ class PageCache(ABC):
                 self.hits += 1
                 out[k] = hit[0]
             else:
-                want.setdefault(ref >> REF_INDEX_BITS, []).append(k)
+                want.setdefault(refs[k] >> REF_INDEX_BITS, []).append(k)
         return out, want
 
     def keep_from(self, position: int) -> None:

@@ -44,16 +44,22 @@ class HistoryEdits:
     async def set_messages(self, messages: list[dict[str, Any]], reason: str | None) -> None:
         s = self._s
         s.check_writable()
-        parts = ev.validate_messages(messages)
+        if s.scanner is None:  # (the array in one encode: the resume rule only needs its bytes and digest)
+            payload, secrets = ev.encode_messages(messages), None
+            count = len(messages)
+        else:
+            parts = ev.validate_messages(messages)
+            count = len(parts)
         if reason is not None and (not isinstance(reason, str) or not reason.strip()):
             raise ValueError(f"reason must be a non-empty string saying why the history is replaced, got {reason!r}")
         self._appends.end_replay()
-        if len(parts) >= MAX_BATCH:
-            raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {len(parts)}")
-        parts, secrets = self._redact_all(messages, parts)
-        payload = _array(parts)
+        if count >= MAX_BATCH:
+            raise ValueError(f"set_messages takes at most {MAX_BATCH - 1} messages, got {count}")
+        if s.scanner is not None:
+            parts, secrets = self._redact_all(messages, parts)
+            payload = _array(parts)
         if s.loaded_from_file and s.config["resume_rule"] == "strict":
-            await self._ignore(len(parts), payload, "strict", "resume_rule is strict: the store loaded its own log, "
+            await self._ignore(count, payload, "strict", "resume_rule is strict: the store loaded its own log, "
                                "which is authoritative")
             return
         if not s.loaded_from_file or s.cleared_here:
@@ -64,7 +70,7 @@ class HistoryEdits:
             await self._replace(payload, reason, secrets)
             return
         # (without a scanner the payload is the messages as given: classify those, not a parse of it)
-        await self._resume_rule(len(parts), payload, secrets, messages if s.scanner is None else None)
+        await self._resume_rule(count, payload, secrets, messages if s.scanner is None else None)
 
     async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None,
                            given: list[dict[str, Any]] | None = None) -> None:

@@ -105,6 +105,7 @@ class Eraser:
             s.pager.clear()  # (records were rewritten in place: nothing cached from them may be served)
         s.state = await checkpoints._replay(s.log, checkpoints.fresh(s.log), 0, None)
         s.epoch += 1
+        s.handed_out = []  # (what get_messages handed out may hold the erased bytes: not kept by the store)
         self._forget()
         logger.info("session %s: erased the message at seq %d index %d (%d record(s))", s.session_id, seq, index,
                     len(receipt["records"]))

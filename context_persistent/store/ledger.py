@@ -102,6 +102,18 @@ class TokenLedger:
         s.token_total_hint = (epoch, n, tokens, total)
         return n, total
 
+    def prefix_total(self, n: int) -> int | None:
+        """The tokens of the first ``n`` messages if their counts are all made (:meth:`summed`): nothing is counted
+        and the encoding is not loaded. None otherwise."""
+        summed = self.summed()
+        if summed is None or summed[0] < n:
+            return None
+        m, total = summed
+        tokens = self._s.state.tokens
+        for i in range(n, m):  # (the newest few: known, in memory even for a lazily opened history)
+            total -= tokens[i]  # type: ignore[operator]
+        return total
+
     def known_total(self) -> int | None:
         """The whole history's token count if the counts of all but the newest messages are summed already
         (:meth:`summed`): the newest are counted now (those appended since). None otherwise."""

@@ -99,6 +99,7 @@ class Lifecycle:
         self._appends.end_replay()  # an unconfirmed replay stays as written: duplicates are better than loss
         await self._writer.close()
         s.closed = True
+        s.handed_out = []
         try:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
             if s.indexer is not None:  # (the search index's thread: the session's pending catch-up, bounded)

@@ -103,7 +103,7 @@ class PersistentContextManager:
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
         self._eraser = Eraser(s, writer, self._appends, self._edits, self._forget_derived, self)
-        self._usage = UsageMeter(s, writer)
+        self._usage = UsageMeter(s, writer, self._ledger)
         self._life = Lifecycle(s, writer, self._appends, self._usage.rebuild)
 
     # -- opening (lifecycle.py)  -------------------------------------------------------------
@@ -361,15 +361,15 @@ class PersistentContextManager:
     # -- reading (ledger.py, request_views.py, views.py) ------------------------------------------------
     async def get_messages(self, last: int | None = None) -> list[dict[str, Any]]:
         """Returns the full history since the last clear/replacement, as a copy (changing it changes nothing
-        stored); ``last=N``: only the newest N messages (a lazily opened store does not load the rest for them).
+        stored; a dict equal to what the previous call gave at its place is given again: session.history_copy);
+        ``last=N``: only the newest N messages (a lazily opened store does not load the rest for them).
 
         Raises ValueError if ``last`` is not None or an integer >= 0; StoreClosedError after ``close()``.
         """
         s = self._s
         s.check_open()
         if last is None:
-            messages = s.full().messages
-            return copy_json(messages) if type(messages) is list else [copy_json(m) for m in messages]
+            return s.history_copy()
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
             raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
         return copy_json(s.state.messages[-last:]) if last else []
@@ -441,7 +441,7 @@ class PersistentContextManager:
         self._appends.end_replay()  # a request for the model: whatever was added is a real turn, not a replay
         await self._prompt.refresh()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source)
+        view = await self._usage.view_for(self._views, budget, provider, source)
         exact = view.stats.get("token_count_exact", True)
         self._usage.serve(self._s.state.head_seq, view.token_count if exact else self._views.exact_total(view),
                           provider)
@@ -457,7 +457,7 @@ class PersistentContextManager:
         """
         self._s.check_open()
         budget, source = self.resolve_budget(token_budget, provider)
-        view = await self._views.view(self._usage.fitted_budget(budget, provider), source, exact=True)
+        view = await self._usage.view_for(self._views, budget, provider, source, exact=True)
         return max(0, self._ledger.total() - view.token_count)
 
     def _should_compact(self, token_count: int | None = None, budget: int | None = None) -> bool:
@@ -491,7 +491,8 @@ class PersistentContextManager:
         ``cache_read_tokens``, ``cache_write_tokens``, ``reasoning_tokens``, ``cost_usd``. ``provider`` and
         ``model`` name who counted (the calibration is kept per provider and model). ``request_seq`` and
         ``estimated_tokens`` default to the request view this store served last (the request the report
-        answers). ``id`` (the provider's response id) makes recording the same report again a no-op.
+        answers; a view made from bounds, not counted yet, is named by the record's ``view`` and its count
+        paired when the store next counts: docs/tokens.md). ``id`` (the provider's response id) makes recording the same report again a no-op.
         ``input_includes_cache``: whether ``input_tokens`` already count the cached tokens (OpenAI: yes;
         Anthropic: no; None: by the provider's name). The report calibrates the meter at once; the record is
         written with the next append (or at close, or by the next group commit): never a write of its own on

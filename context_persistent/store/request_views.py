@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import codec
 from ..model import events as ev
 from .ledger import TokenLedger
+from .usage import PENDING
 from ..model.projection import LazyList
 from ..storage.log import FileEventLog
 from .session import EVENT_COMPACTION, EVENT_POST_COMPACT, EVENT_PRE_COMPACT, Session
@@ -95,13 +96,17 @@ class RequestViews:
         cfg = self._s.compaction
         return bool(cfg.auto_compact and token_count >= cfg.compact_threshold * budget)
 
-    async def view(self, budget: int, source: str, exact: bool = False) -> RequestView:
+    async def view(self, budget: int, source: str, exact: bool = False,
+                   refit: Callable[[], int] | None = None) -> RequestView:
         """The request view at ``budget`` (``source`` says where the budget came from, for the stats).
 
         While an upper bound of the history's tokens fits the budget the view is made without counting
-        (view_bound.py; its stats say ``token_count_exact`` False); ``exact`` True always counts."""
-        bounded = self.cache is not None and self.cache[5]
-        if not bounded:
+        (view_bound.py; its stats say ``token_count_exact`` False); ``exact`` True always counts. ``refit``
+        (store/usage.py, reports still to pair) is called before the view is counted and returns the budget
+        to count it at."""
+        if exact and refit is not None:
+            budget, refit = refit(), None
+        if self.cache is not None and not self.cache[5]:  # (a counted view, extended, counts what was appended)
             await self._ledger.count_large_off_loop()
         cached = self._cached(budget, exact)
         if cached is not None:
@@ -110,25 +115,41 @@ class RequestViews:
             made = await self._bounded(budget)
             if made is not None:
                 return made
-        if bounded or exact:
-            await self._ledger.count_large_off_loop()
+        if refit is not None:
+            fitted = refit()
+            if fitted != budget:
+                budget = fitted
+                made = self._cached(budget, exact) or (None if exact else await self._bounded(budget))
+                if made is not None:
+                    return made
+        await self._ledger.count_large_off_loop()  # (before counting: large texts in a worker thread)
         return await self._build(budget, source)
 
-    def exact_total(self, view: RequestView) -> Callable[[], int | None]:
+    def exact_total(self, view: RequestView) -> Callable[..., Any]:
         """For a view made from bounds: a function that counts its tokens when a provider's report needs them
         (the calibration pairs them), so the tokenizer stays off the request path. A view that repaired
         nothing is the history as it is: its count is the history's (counted once per message, kept by the
-        checkpoints); a repaired one's is not known (None: that report calibrates nothing)."""
+        checkpoints); a repaired one's is not known (None: that report calibrates nothing). Called with
+        ``load=False`` it answers only what is known without the tokenizer (else ``PENDING``: store/usage.py
+        pairs the report later); its ``view`` says which view it counts (kept with such a report)."""
         s = self._s
         state, epoch, n = s.state, s.epoch, len(s.state.messages)
         repaired = any(view.stats.get("repairs", {}).values())
+        ledger = self._ledger
+        keys = state.keys
+        last = (keys.get_known(n - 1) if type(keys) is LazyList and not keys.loaded else keys[n - 1]) if n else None
 
-        def count() -> int | None:
+        def count(load: bool = True) -> Any:
             if repaired or s.state is not state or s.epoch != epoch or len(state.messages) < n:
                 return None  # (changed since other than by appends)
+            if not load:
+                known = ledger.prefix_total(n)
+                return PENDING if known is None else known
             if len(state.messages) == n:
-                return self._ledger.total()
-            return sum(self._ledger.count_indices(range(n))[:n])  # type: ignore[arg-type]
+                return ledger.total()
+            return sum(ledger.count_indices(range(n))[:n])  # type: ignore[arg-type]
+        count.view = None if repaired or last is None else {  # type: ignore[attr-defined]
+            "messages": n, "key": last, "bound": view.token_count}
         return count
 
     async def _bounded(self, budget: int) -> RequestView | None:

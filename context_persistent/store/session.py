@@ -90,6 +90,12 @@ class Session:
         self.indexer: Any = None
         #: The ``epoch`` the indexer last saw: a change hands it the history's keys (search/indexer.Snapshot).
         self.indexed_epoch = -1
+        #: The dicts the last ``get_messages()`` handed out (history_copy), by place.
+        self.handed_out: list[dict[str, Any]] = []
+        #: (id of the state, epoch) when they were handed out: the same pair means only appends since.
+        self.handed_mark: tuple[int, int] | None = None
+        #: Up to how many messages the handed-out dicts are kept without looking at the memory again.
+        self.handed_limit = 0
         if config.get("search_index", True) and not log.readonly:
             from ..operations.search.background import BackgroundIndexer
 
@@ -119,6 +125,44 @@ class Session:
     def full(self) -> Projection:
         """The state with the whole history in memory (loads the rest of a lazily opened checkpoint)."""
         return self.state.materialise()
+
+    def history_copy(self, shared: bool = False) -> list[dict[str, Any]]:
+        """``get_messages()``: the whole history as a new list of dicts that are never the history's own.
+
+        A message equal to the one handed out at its place by the previous call is that same dict again (the
+        Amplifier CLI asks three times a turn): a C-level comparison instead of a copy, so a caller's change to
+        a dict it was given shows in the next caller's list only while it leaves the dict equal to the stored
+        message, and never reaches the history. ``shared`` (the Amplifier mount: context-simple's contract,
+        whose ``get_messages`` is ``list(self.messages)``): while only messages were appended since the
+        previous call, its dicts are handed out again without comparing them, and only the new messages are
+        copied, so a change a caller made to one shows in later results (never in the history, the log or
+        the request view). What was handed out is kept only while the whole history is in memory anyway (a
+        plain list, or a paged one the page cache holds whole): a paged history beyond its budget is copied
+        every time."""
+        from ..model.events import copy_json
+        from ..model.history_lists import PagedList
+
+        messages: Any = self.full().messages
+        prev = self.handed_out
+        mark = (id(self.state), self.epoch)
+        # (only appends since, and the history grew by at most a quarter since the memory was looked at: the
+        # same dicts, the new messages copied)
+        appended = shared and self.handed_mark == mark and len(prev) <= len(messages) <= self.handed_limit
+        if appended:
+            n, out = len(prev), prev
+        else:
+            n = min(len(prev), len(messages))
+            out = [h if h == m else copy_json(m) for h, m in zip(prev[:n], messages)] if n else []
+        if len(messages) > n:
+            out += copy_json(messages[n:]) if type(messages) is list else [copy_json(m) for m in messages[n:]]
+        if appended or type(messages) is list:
+            held = True
+        else:  # (a paged history: in its page cache once read, while it fits the cache's budget; the newest
+            # messages may not be there yet: nine in ten held means the history fits)
+            held = type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9
+            self.handed_limit = len(messages) + len(messages) // 4 + 64
+        self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
+        return out.copy() if held else out
 
     async def iter_messages(self, chunk: int) -> AsyncIterator[dict[str, Any]]:
         """The history as of now, one copy at a time; messages a paged history refers to are read in runs of

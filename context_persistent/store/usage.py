@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..model import events as ev
 from ..model.calibration import WINDOW, Calibration, Fit, Key
-from ..model.usage import usage_data
+from ..model.usage import request_tokens, usage_data
 from .session import Session
+from .view_bound import fits
 from .writer import Writer
+
+if TYPE_CHECKING:
+    from .ledger import TokenLedger
+    from .request_views import RequestViews
 
 logger = logging.getLogger("context_persistent")
 
@@ -20,6 +26,8 @@ REBUILD_REPORTS = 8 * WINDOW
 #: The fitted budget moves only when the calibration lowers it, or raises it by more than this fraction: a
 #: budget that changed after every report would rebuild the request view every turn instead of extending it.
 RAISE_STEP = 0.02
+#: What a view's count function answers, asked not to load the tokenizer, when the count needs it.
+PENDING: Any = type("Pending", (), {"__repr__": lambda self: "PENDING"})()
 
 
 def provider_identity(provider: Any) -> tuple[str | None, str | None]:
@@ -45,12 +53,16 @@ def provider_identity(provider: Any) -> tuple[str | None, str | None]:
 class UsageMeter:
     """Records usage reports and keeps the calibration of one session."""
 
-    def __init__(self, session: Session, writer: Writer) -> None:
+    def __init__(self, session: Session, writer: Writer, ledger: TokenLedger) -> None:
         self._s = session
         self._writer = writer
+        self._ledger = ledger
+        #: Reports folded before the store counted the view they answer (a view made from bounds: the count
+        #: needs the tokenizer): ``(data, count function)``, paired by :meth:`pair` when something counts.
+        self.pending: deque[tuple[dict[str, Any], Callable[..., Any]]] = deque(maxlen=REBUILD_REPORTS)
         self.calibration = Calibration()
         #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
-        self.served: tuple[int, int | Callable[[], int | None] | None, Key] | None = None
+        self.served: tuple[int, int | Callable[..., Any] | None, Key] | None = None
         self.last_report: dict[str, Any] | None = None
         #: ids of the reports recorded (or read back at open): a host recording one twice writes it once.
         self._ids: set[tuple[Any, str]] = set()
@@ -68,18 +80,23 @@ class UsageMeter:
     async def rebuild(self) -> None:
         """Fold the log's newest reports (at open). A log that cannot be read back here keeps the prior (logged);
         the store's own reads report what is wrong with it."""
-        if not self._s.state.counts.get(ev.USAGE_REPORTED):
+        reports = self._s.state.counts.get(ev.USAGE_REPORTED)
+        if not reports:
             return
         from ..storage.newest import newest_records
 
-        try:
-            records = await newest_records(self._s.log, ev.USAGE_REPORTED, REBUILD_REPORTS)
+        try:  # (no more than the log holds: the backward read stops at its oldest report, not at the start)
+            records = await newest_records(self._s.log, ev.USAGE_REPORTED, min(REBUILD_REPORTS, reports))
         except Exception as e:
             logger.warning("session %s: could not read the usage reports back (%s); the meter starts from the prior",
                            self._s.session_id, e)
             return
         for rec in records:
-            self._fold(rec["data"])
+            data = rec["data"]
+            self._fold(data)
+            view = data.get("view")
+            if data.get("estimated_tokens") is None and isinstance(view, dict):
+                self.pending.append((data, self._logged_view(view)))
 
     def _fold(self, data: dict[str, Any]) -> None:
         if isinstance(data.get("id"), str):
@@ -94,11 +111,16 @@ class UsageMeter:
         s = self._s
         s.check_writable()
         served: tuple[int, int | None, Key] | None = None
+        later: Callable[..., Any] | None = None  # (the count of the view answered, when it needs the tokenizer)
         if self.served is not None:
             head, counted, key = self.served
-            if callable(counted):  # (counted now: a view made from bounds)
-                counted = counted()
-                self.served = (head, counted, key)
+            if callable(counted):  # (a view made from bounds: counted now if that needs no tokenizer)
+                known = counted(False)
+                if known is PENDING:
+                    later, known = (counted if getattr(counted, "view", None) is not None else None), None
+                else:
+                    self.served = (head, known, key)
+                counted = known
             served = (head, counted, key)
         if served is not None and request_seq is None and estimated_tokens is None:
             request_seq, estimated_tokens = served[0], served[1]
@@ -106,14 +128,83 @@ class UsageMeter:
                 provider, model = served[2]
         elif served is not None and estimated_tokens is None and request_seq == served[0]:
             estimated_tokens = served[1]
+        else:
+            later = None
         data = usage_data(usage, provider=provider, model=model, request_seq=request_seq,
                           estimated_tokens=estimated_tokens, source=source, id=id,
                           input_includes_cache=input_includes_cache)
         if data["id"] is not None and (data["provider"], data["id"]) in self._ids:
             return None
+        if later is not None:
+            data["view"] = dict(later.view)  # type: ignore[attr-defined]
         self._fold(data)
+        if later is not None:
+            self.pending.append((data, later))
         self._write(data)
         return data
+
+    def pair(self) -> bool:
+        """Count the views the pending reports answer (the tokenizer loads if it has not) and pair them in the
+        calibration; True when one was paired. A view the history no longer holds calibrates nothing."""
+        paired = False
+        while self.pending:
+            data, count = self.pending.popleft()
+            n = count(True)
+            if type(n) is int and n >= 1:
+                data["estimated_tokens"] = n
+                self.calibration.add_point(data)
+                paired = True
+        return paired
+
+    def _logged_view(self, view: dict[str, Any]) -> Callable[..., Any]:
+        """The count function of a view a logged report answers (``view``: its ``messages``, the ``key`` of the
+        last): the history's first messages while the message at that place still has that key."""
+        s, ledger = self._s, self._ledger
+        n, key = view.get("messages"), view.get("key")
+
+        def count(load: bool = True) -> Any:
+            state = s.state
+            if type(n) is not int or n < 1 or len(state.messages) < n:
+                return None
+            if not load:
+                known = ledger.prefix_total(n)
+                keys = state.keys
+                if known is None or getattr(keys, "get_known", lambda i: keys[i])(n - 1) != key:
+                    return PENDING if known is None else None
+                return known
+            if state.keys[n - 1] != key:
+                return None
+            return sum(ledger.count_indices(range(n))[:n])  # type: ignore[arg-type]
+        count.view = view  # type: ignore[attr-defined]
+        return count
+
+    async def view_for(self, views: RequestViews, budget: int, provider: Any, source: str, exact: bool = False
+                       ) -> Any:
+        """The request view at the provider's ``budget`` as the calibration fits it. Reports still pending are
+        paired (the tokenizer loads) before the view is counted, or when a view made from bounds does not fit
+        what they say: the provider's count of the view it answered, grown in proportion to the bound since.
+        A view that fits both is served without them (and without the tokenizer)."""
+        if not self.pending or not self.enabled:  # (with calibrate off the reports never change a budget)
+            return await views.view(self.fitted_budget(budget, provider), source, exact)
+
+        def refit() -> int:
+            self.pair()
+            return self.fitted_budget(budget, provider)
+        view = await views.view(self.fitted_budget(budget, provider), source, exact, refit)
+        if self.pending and not view.stats.get("token_count_exact", True) and not self._pending_fit(
+                budget, view.token_count):
+            view = await views.view(refit(), source)
+        return view
+
+    def _pending_fit(self, budget: int, bound: int) -> bool:
+        """Whether a view of at most ``bound`` tokens fits the provider's ``budget`` by every pending report:
+        the provider counted ``r`` for a view of bound ``b``, so this one is predicted at ``r * bound / b``."""
+        cfg = self._s.compaction
+        for data, _ in self.pending:
+            reported, b = request_tokens(data), data["view"].get("bound")
+            if reported and type(b) is int and b > 0 and not fits(int(reported * bound / b) + 1, budget, cfg):
+                return False
+        return True
 
     def _write(self, data: dict[str, Any]) -> None:
         """Off the request path: an inline writer keeps the record for its next write (or close) as it does the
@@ -152,7 +243,7 @@ class UsageMeter:
         self._last = (budget, ident, self.calibration.version, target)
         return target
 
-    def serve(self, head_seq: int, tokens: int | Callable[[], int | None] | None, provider: Any) -> None:
+    def serve(self, head_seq: int, tokens: int | Callable[..., Any] | None, provider: Any) -> None:
         """Note the request view just served: the next report answers it. ``tokens`` may be a function that
         counts them when a report needs them (a view made from bounds: store/view_bound.py)."""
         name, model = provider_identity(provider)
@@ -161,6 +252,9 @@ class UsageMeter:
 
     def stats(self, tokenizer: str, exact: bool) -> dict[str, Any]:
         """Where the numbers come from (``stats()['sources']``), the calibration in use and the last report."""
+        if self.pair() and self._last is not None:  # (the fit the next request gets, at the last one's budget)
+            fitted, _ = self.calibration.fit_for(*self._last[1])
+            self.last_fit = (fitted, self._last[0], fitted.budget(self._last[0]))
         counted = f"{'exact' if exact else 'estimated'} ({tokenizer})"
         budget: int | None = None
         target: int | None = None
