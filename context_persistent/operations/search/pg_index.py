@@ -287,10 +287,14 @@ class PgIndex:
         return total
 
     async def search(self, compiled: tuple[str | None, list[Any]], *, session_id: str | None, role: str | None,
-                     since: str | None, all_messages: bool, limit: int) -> list[dict[str, Any]]:
+                     since: str | None, all_messages: bool, limit: int,
+                     window: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The best ``limit`` matches by ``ts_rank``: of the newest ``window`` matches (by time, then id), or of
+        every match (``window`` None); and how many were ranked (sqlite_index.SqliteIndex.search)."""
         tsquery, marks = compiled
+        ranking: dict[str, Any] = {"window": window, "ranked": None if window is None else 0, "all_ranked": True}
         if tsquery is None:
-            return []
+            return [], ranking
         where: list[str] = ["d.tsv @@ q.q"]
         params: list[Any] = [tsquery]
         for cond, value in (("d.in_view", None if all_messages else True), ("d.session_id = ${}", session_id),
@@ -300,16 +304,31 @@ class PgIndex:
             elif value is not None:
                 params.append(value)
                 where.append(cond.format(len(params)))
-        params.append(limit)
+        cols = ("d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
+                "-ts_rank(d.tsv, q.q) AS score, d.body")
+        if window is None:
+            sql = (f"SELECT {cols}, 0 FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) "
+                   f"WHERE {' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params) + 1}")
+        else:  # the newest window + 1 (whether older matches exist), numbered; only the first window ranked
+            n = len(params)
+            sql = (f"WITH w AS (SELECT d.id, row_number() OVER (ORDER BY d.ts DESC, d.id DESC) AS rn FROM "
+                   f"{{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE {' AND '.join(where)} "
+                   f"ORDER BY d.ts DESC, d.id DESC LIMIT ${n + 2} + 1) "
+                   f"SELECT {cols}, (SELECT count(*) FROM w) FROM w JOIN {{s}}.search_docs d ON d.id = w.id, "
+                   f"CAST($1 AS tsquery) AS q(q) WHERE w.rn <= ${n + 2} ORDER BY score, d.ts DESC, d.id DESC "
+                   f"LIMIT ${n + 1}")
+            params.append(limit)
+            limit = window
         names = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score", "body")
-        rows = [dict(zip(names, r)) for r in await self._fetch(
-            f"SELECT d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
-            f"-ts_rank(d.tsv, q.q) AS score, d.body FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) "
-            f"WHERE {' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params)}", *params)]
+        found = await self._fetch(sql, *params, limit)
+        if window is not None and found:
+            ranking["ranked"] = min(found[0][-1], window)
+            ranking["all_ranked"] = found[0][-1] <= window
+        rows = [dict(zip(names, r[:-1])) for r in found]
         for r in rows:
             r["snippet"] = snippet(r.pop("body"), marks)
             r["fp"] = bytes(r["fp"])
-        return rows
+        return rows, ranking
 
     async def stale(self, rows: list[dict[str, Any]]) -> set[str]:
         """The sessions of hits whose message the log does not hold where the index says (read and verified)."""
