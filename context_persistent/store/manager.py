@@ -333,7 +333,7 @@ class PersistentContextManager:
         datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
         ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
         replaced) that the log still holds. On PostgreSQL, the schema's search tables (docs/search.md).
-        ``window=N`` / ``exhaustive=True``: how many of the newest matches are ranked (docs/search.md, "Ranking").
+        ``ranking``: ``window=N`` or ``exhaustive=True``, the newest matches ranked (docs/search.md, "Ranking").
 
         Returns ``SearchResults``: a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the
         match in brackets, score, whether the views show it), best first, and ``.ranking``.
