@@ -1,7 +1,7 @@
 """The PostgreSQL search index with real processes (the file backend's: test_search_processes.py): writer
-processes append, replace, redact and erase while a searcher process searches; a writer killed with SIGKILL
-mid-stream. Afterwards the index equals a rebuild from the rows, every acknowledged word is found, and no
-search that began after a redaction or an erasure was acknowledged returned that message."""
+processes append, replace, redact and erase while a searcher process searches (on both backends); a writer
+killed with SIGKILL mid-stream. Afterwards the index equals a rebuild from the rows, every acknowledged word is
+found, and no search that began after a redaction or an erasure was acknowledged returned that message."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pgfixtures import pg_dsn, run_sql  # noqa: F401
-from search_backends import PgBackend, fresh_schema
+from search_backends import FileBackend, PgBackend, fresh_schema
 
-CHILD = str(Path(__file__).parent / "search_pg_child.py")
+CHILD = str(Path(__file__).parent / "search_redact_child.py")
 
 
 @pytest.fixture
@@ -26,9 +27,14 @@ def pgb(pg_dsn: str, tmp_path: Path) -> Iterator[PgBackend]:  # noqa: F811
     run_sql(pg_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def _writer(pgb: PgBackend, sid: str, n: int, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, CHILD, "write", pgb.dsn, pgb.schema, str(pgb.tmp), sid, str(n)],
-                            stdout=subprocess.PIPE, env=env, text=True)
+def _where(b: Any) -> list[str]:
+    """The child's DSN, SCHEMA and TMP arguments for a backend (search_backends)."""
+    return [b.dsn, b.schema, str(b.tmp)] if isinstance(b, PgBackend) else ["-", "-", str(b.storage)]
+
+
+def _writer(b: Any, sid: str, n: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, CHILD, "write", *_where(b), sid, str(n)], stdout=subprocess.PIPE,
+                            env=env, text=True)
 
 
 def _removed(lines: list[str]) -> dict[str, float]:
@@ -51,22 +57,28 @@ def _no_search_saw_a_removed_message(searches: list[str], removed: dict[str, flo
     return len(seen)
 
 
-async def _equals_rebuild(pgb: PgBackend) -> None:
-    caught = await pgb.caught_up()
-    assert await pgb.rebuilt() == caught
+async def _equals_rebuild(b: Any) -> None:
+    caught = await b.caught_up()
+    assert await b.rebuilt() == caught
+
+
+@pytest.fixture(params=["postgres", "file"])
+def either(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    return request.getfixturevalue("pgb") if request.param == "postgres" else FileBackend(tmp_path / "store")
 
 
 @pytest.mark.slow
 async def test_a_searcher_process_while_writer_processes_append_redact_and_erase(
-        pgb: PgBackend, subprocess_env: dict[str, str]) -> None:
+        either: Any, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Two writers (append, replace, redact, erase) and a searcher, all processes: the searcher never returns
     a message after its redaction or erasure was acknowledged; at the end every acknowledged word is found,
     no removed one is, and the index equals a rebuild."""
-    stop = pgb.tmp / "stop"
+    pgb = either
+    stop = tmp_path / "stop"
     async with await pgb.open("pa"):  # (the schema made before three processes race to make it)
         pass
     writers = [_writer(pgb, sid, 30, subprocess_env) for sid in ("pa", "pb")]
-    searcher = subprocess.Popen([sys.executable, CHILD, "search", pgb.dsn, pgb.schema, str(stop)],
+    searcher = subprocess.Popen([sys.executable, CHILD, "search", *_where(pgb), str(stop)],
                                 stdout=subprocess.PIPE, env=subprocess_env, text=True)
     outs = [w.communicate(timeout=240)[0].splitlines() for w in writers]
     stop.touch()

@@ -1,13 +1,14 @@
-"""Processes for tests/test_search_processes_pg.py, on a PostgreSQL schema.
+"""Processes for tests/test_search_processes_pg.py, on a PostgreSQL schema (DSN and SCHEMA) or, with DSN ``-``,
+on the file storage TMP.
 
-``write DSN SCHEMA TMP SID N`` (TMP: a folder for the store's local files): appends N messages with unique
+``write DSN SCHEMA TMP SID N`` (TMP: the storage, or on PostgreSQL a folder for the store's local files): appends N messages with unique
 words (``note {sid}w{i}x``), replacing the history with its last three messages every seventh; after every
 fifth it adds a secret (``{sid}r{i}z``) and redacts it, after every ninth one (``{sid}e{i}z``) and erases it.
 Each line it prints follows the acknowledgement: ``A word``, ``P secret T`` (added: searchable from T), ``R
 secret T`` (redacted), ``E secret T`` (erased), T the monotonic clock when the call returned; a secret stays
 0.1 s before it is removed.
 
-``search DSN SCHEMA STOPFILE``: searches for the secrets (``secret``, every message, caught up first as any
+``search DSN SCHEMA TMP STOPFILE``: searches for the secrets (``secret``, every message, caught up first as any
 reader) until STOPFILE exists, printing ``S T word...`` for each search: T the monotonic clock when it began,
 then the secret words of its hits.
 """
@@ -24,8 +25,8 @@ from context_persistent import PersistentContextManager, search
 
 
 async def write(dsn: str, schema: str, tmp: str, sid: str, n: int) -> None:
-    async with await PersistentContextManager.open(storage_path=tmp, session_id=sid, backend="postgres", dsn=dsn,
-                                                   pg_schema=schema) as store:
+    where = {} if dsn == "-" else {"backend": "postgres", "dsn": dsn, "pg_schema": schema}
+    async with await PersistentContextManager.open(storage_path=tmp, session_id=sid, **where) as store:
         for i in range(n):
             word = f"{sid}w{i}x"
             await store.add_message({"role": "user" if i % 2 else "assistant", "content": f"note {word} " + "y " * 50})
@@ -46,10 +47,11 @@ async def write(dsn: str, schema: str, tmp: str, sid: str, n: int) -> None:
                     print(kind.upper(), secret, time.monotonic(), flush=True)
 
 
-async def searcher(dsn: str, schema: str, stop: str) -> None:
+async def searcher(dsn: str, schema: str, tmp: str, stop: str) -> None:
+    where: dict[str, str] = {} if dsn == "-" else {"dsn": dsn, "pg_schema": schema}
     while not os.path.exists(stop):
         began = time.monotonic()
-        hits = await search(None, "secret", dsn=dsn, pg_schema=schema, all_messages=True, limit=1000)
+        hits = await search(None if where else tmp, "secret", all_messages=True, limit=1000, **where)
         print("S", began, *sorted({w for h in hits for w in re.findall(r"\w+[re]\d+z", h.snippet)}), flush=True)
 
 
@@ -57,4 +59,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "write":
         asyncio.run(write(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])))
     else:
-        asyncio.run(searcher(sys.argv[2], sys.argv[3], sys.argv[4]))
+        asyncio.run(searcher(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
