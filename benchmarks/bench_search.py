@@ -52,22 +52,33 @@ async def _parse(root: Path) -> float:
     return time.perf_counter() - t
 
 
-def search_latencies(run_one: Any, per_class: int) -> dict[str, tuple[list[float], list[float]]]:
+Latencies = dict[str, tuple[list[float], list[float]]]
+
+
+def search_latencies(run_one: Any, per_class: int) -> tuple[Latencies, Latencies]:
     """Per class of query (search_queries.CLASSES): the latencies (ms) of each query ranked in the default
     window and exhaustively, the two run one after the other for each query (which runs first alternates within
-    each class: the second finds the index's pages in the cache)."""
-    out: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in CLASSES}
+    each class: the second finds the index's pages in the cache); and the same as CPU time of this process
+    (what a query costs a core, whatever else the machine runs)."""
+    out: Latencies = {c: ([], []) for c in CLASSES}
+    cpu: Latencies = {c: ([], []) for c in CLASSES}
     for cls, q in queries(random.Random(3), per_class):
         for exhaustive in ((False, True) if len(out[cls][0]) % 2 == 0 else (True, False)):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             run_one(q, exhaustive)
             out[cls][exhaustive].append((time.perf_counter() - t) * 1000)
-    return out
+            cpu[cls][exhaustive].append((time.process_time() - c) * 1000)
+    return out, cpu
 
 
-def latency_rows(group: str, label: str, lat: dict[str, tuple[list[float], list[float]]]) -> list[Row]:
+def latency_rows(group: str, label: str, lat: Latencies, cpu: Latencies | None = None) -> list[Row]:
     rows = []
     every = ([x for w, _ in lat.values() for x in w], [x for _, e in lat.values() for x in e])
+    if cpu is not None:
+        for cls, (win, exh) in cpu.items():
+            rows.append(compare(group, f"{label}search CPU time p50 / p99 (extra), {cls}", [percentile(win, 50)],
+                                [percentile(exh, 50)], unit="ms", ref_name="every match ranked (exhaustive)",
+                                extra={"p99": percentile(win, 99), "ref_p99": percentile(exh, 99)}))
     for cls, (win, exh) in [("all classes", every), *lat.items()]:
         rows.append(compare(group, f"{label}search p50, {cls} ({len(win)} queries, 20 hits)",
                             [percentile(win, 50)], [percentile(exh, 50)], unit="ms",
@@ -149,9 +160,10 @@ def run(ctx: Ctx) -> list[Row]:
     index_file = root / ".search" / "index.sqlite3"
     rows.append(info(GROUP, "index size against the logs' size", index_file.stat().st_size / written * 100, "%"))
     asyncio.run(search(root, "warmup", catch_up=False))
-    lat = search_latencies(lambda q, exhaustive: asyncio.run(search(root, q, catch_up=False, exhaustive=exhaustive)),
-                           ctx.size("search_queries"))
-    rows += latency_rows(GROUP, f"{mb:,.0f} MB of logs: ", lat)
+    lat, cpu = search_latencies(
+        lambda q, exhaustive: asyncio.run(search(root, q, catch_up=False, exhaustive=exhaustive)),
+        ctx.size("search_queries"))
+    rows += latency_rows(GROUP, f"{mb:,.0f} MB of logs: ", lat, cpu)
     apps = ctx.tempdir("search-appends") / "store"
     on, on_close = asyncio.run(_appends(apps, True, 300))
     off, _ = asyncio.run(_appends(apps, False, 300))
