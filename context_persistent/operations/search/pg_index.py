@@ -95,7 +95,10 @@ class PgIndex:
         return conn
 
     async def _layout(self, conn: Any) -> tuple[str | None, str | None]:
-        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{self.schema}.search_meta"):
+        """The layout and tokenizer the tables were made for; None when any table is missing (a lost table:
+        all are made again and filled from the logs, never a half index trusted)."""
+        if not await conn.fetchval("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t",
+                                   [f"{self.schema}.{table}" for table in TABLES]):
             return None, None
         meta = dict(await conn.fetch(self.q("SELECT name, value FROM {s}.search_meta")))
         return meta.get("layout"), meta.get("tokenize")
