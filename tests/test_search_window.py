@@ -59,15 +59,15 @@ def _same(got: list[Any], want: list[Any]) -> None:
     assert [h.score for h in got] == pytest.approx([h.score for h in want])
 
 
-@pytest.mark.parametrize("window,limit", [(1, 1), (5, 5), (12, 3), (39, 20), (40, 20), (41, 20), (10_000, 40)])
-async def test_the_window_ranks_exactly_the_newest_matches(backend: Any, window: int, limit: int) -> None:  # noqa: F811
+async def test_the_window_ranks_exactly_the_newest_matches(backend: Any) -> None:  # noqa: F811
     await _corpus(backend)
-    got = await backend.search("needle", window=window, limit=limit)
-    want, total = await _expected(backend, window, limit)
-    _same(got, want)
-    assert isinstance(got, SearchResults)
-    assert got.ranking == {"window": window, "ranked": min(window, total), "all_ranked": window >= total}
-    assert total == N
+    for window, limit in [(1, 1), (5, 5), (12, 3), (39, 20), (40, 20), (41, 20), (10_000, 40)]:
+        got = await backend.search("needle", window=window, limit=limit)
+        want, total = await _expected(backend, window, limit)
+        _same(got, want)
+        assert isinstance(got, SearchResults)
+        assert got.ranking == {"window": window, "ranked": min(window, total), "all_ranked": window >= total}
+        assert total == N
 
 
 async def test_the_window_applies_after_the_filters_and_survives_a_rebuild(backend: Any) -> None:  # noqa: F811
@@ -91,9 +91,8 @@ async def test_the_window_applies_after_the_filters_and_survives_a_rebuild(backe
     assert [[_key(h) for h in await backend.search("needle", window=7, limit=3, **f)] for f in cases] == before
 
 
-@pytest.mark.parametrize("window", [3, 12, 25, 1000])
 async def test_the_window_of_a_cleared_history_is_of_the_messages_the_search_can_return(
-        backend: Any, window: int) -> None:  # noqa: F811
+        backend: Any) -> None:  # noqa: F811
     """Matches the views no longer show (cleared) are not in the window unless ``all_messages``: the window
     reaches past them to the newest matches the views show (on the file backend: the FTS table alone while
     the newest matches hold none of them, the documents read when they do)."""
@@ -102,13 +101,14 @@ async def test_the_window_of_a_cleared_history_is_of_the_messages_the_search_can
         await store.clear()
         for i in range(8):
             await store.add_message({"role": "user", "content": f"needle needle after the clear {'w ' * i}"})
-    for all_messages in (False, True):
-        got = await backend.search("needle", window=window, limit=3, all_messages=all_messages)
-        want, total = await _expected(backend, window, 3, all_messages=all_messages)
-        _same(got, want)
-        assert got.ranking == {"window": window, "ranked": min(window, total), "all_ranked": window >= total}
-        assert all_messages or all(h.in_view for h in got)
-    assert total == N + 8
+    for window in (3, 12, 25, 1000):  # (12 and 25 reach past the clear, among messages it hid)
+        for all_messages in (False, True):
+            got = await backend.search("needle", window=window, limit=3, all_messages=all_messages)
+            want, total = await _expected(backend, window, 3, all_messages=all_messages)
+            _same(got, want)
+            assert got.ranking == {"window": window, "ranked": min(window, total), "all_ranked": window >= total}
+            assert all_messages or all(h.in_view for h in got)
+        assert total == N + 8
 
 
 async def test_exhaustive_ranks_every_match_and_the_default_window_is_documented(backend: Any) -> None:  # noqa: F811
