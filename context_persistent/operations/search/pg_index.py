@@ -309,25 +309,20 @@ class PgIndex:
                 where.append(cond.format(len(params)))
         cols = ("d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
                 "-ts_rank(d.tsv, q.q) AS score, d.body")
-        if window is None:
-            sql = (f"SELECT {cols}, 0 FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) "
-                   f"WHERE {' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params) + 1}")
-        else:  # the newest window + 1 (whether older matches exist), numbered; only the first window ranked
-            n = len(params)
-            sql = (f"WITH w AS (SELECT d.id, row_number() OVER (ORDER BY d.ts DESC, d.id DESC) AS rn FROM "
-                   f"{{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE {' AND '.join(where)} "
-                   f"ORDER BY d.ts DESC, d.id DESC LIMIT ${n + 2} + 1) "
-                   f"SELECT {cols}, (SELECT count(*) FROM w) FROM w JOIN {{s}}.search_docs d ON d.id = w.id, "
-                   f"CAST($1 AS tsquery) AS q(q) WHERE w.rn <= ${n + 2} ORDER BY score, d.ts DESC, d.id DESC "
-                   f"LIMIT ${n + 1}")
-            params.append(limit)
-            limit = window
         names = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score", "body")
-        found = await self._fetch(sql, *params, limit)
-        if window is not None and found:
-            ranking["ranked"] = min(found[0][-1], window)
-            ranking["all_ranked"] = found[0][-1] <= window
-        rows = [dict(zip(names, r[:-1])) for r in found]
+        if window is None:
+            found = await self._fetch(f"SELECT {cols} FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE "
+                                      f"{' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params) + 1}",
+                                      *params, limit)
+        else:  # the ids of the newest window + 1 (whether older matches exist), then the first window ranked
+            newest = [r[0] for r in await self._fetch(
+                f"SELECT d.id FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE {' AND '.join(where)} "
+                f"ORDER BY d.ts DESC, d.id DESC LIMIT ${len(params) + 1}", *params, window + 1)]
+            ranking["ranked"], ranking["all_ranked"] = min(len(newest), window), len(newest) <= window
+            found = await self._fetch(f"SELECT {cols} FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE "
+                                      "d.id = ANY($2::bigint[]) ORDER BY score, d.ts DESC, d.id DESC LIMIT $3",
+                                      tsquery, newest[:window], limit) if newest else []
+        rows = [dict(zip(names, r)) for r in found]
         for r in rows:
             r["snippet"] = snippet(r.pop("body"), marks)
             r["fp"] = bytes(r["fp"])
