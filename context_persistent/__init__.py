@@ -40,7 +40,7 @@ def __getattr__(name: str) -> object:
         from .store.usage_read import read_usage
 
         return read_usage
-    if name in ("search", "list_sessions", "SearchHit", "QueryError"):  # (the search index: on first use)
+    if name in ("search", "list_sessions", "SearchHit", "SearchResults", "QueryError"):  # (the search index)
         from .operations import search
 
         return getattr(search, name)
@@ -64,6 +64,7 @@ __all__ = [
     "RecordCorruptedError",
     "RecordsExpiredError",
     "SearchHit",
+    "SearchResults",
     "SessionExistsError",
     "SessionLockedError",
     "SessionNotFoundError",

@@ -218,6 +218,7 @@ def test_erase_leaves_no_copy_after_random_killed_operations(tmp_path_factory: p
 
     storage = tmp_path_factory.mktemp("copies") / "store"
     seq = asyncio.run(_setup(storage))
+    assert any(h.startswith(".search/") for h in _copies_under(storage, set())), "the search index should hold it"
     if repair_crash:
         assert _child(storage, "repair", crash_at=repair_crash) == "KILLED"
     _child(storage, "repair")

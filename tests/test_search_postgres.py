@@ -136,3 +136,20 @@ def test_search_index_and_ls_commands_with_dsn(pgb: PgBackend, env: dict[str, st
     assert status["sessions"] == 1 and status["messages"] == 1 and status["bytes"] > 0
     rebuilt = json.loads(cli(env, "index", "rebuild", "--json", *flags).stdout)
     assert rebuilt["sessions"] == 1 and rebuilt["documents"] == 1 and rebuilt["failed"] == []
+
+
+async def test_a_lost_or_tampered_search_table_is_rebuilt_never_trusted(pgb: PgBackend) -> None:
+    """A row changed behind the log's back (its fingerprint) is never returned: the session is indexed again;
+    a search table dropped makes every table be made again and filled from the rows."""
+    async with await pgb.open("d") as store:
+        await store.add_message({"role": "user", "content": "about otters"})
+    expected = await pgb.rebuilt()
+    for change in ("UPDATE {s}.search_docs SET fp = '\\x00'::bytea", "DROP TABLE {s}.search_docs CASCADE",
+                   "DROP TABLE {s}.search_sessions CASCADE"):
+        index = PgIndex(pgb.dsn, pgb.schema)
+        try:
+            await index._run(change)
+        finally:
+            await index.aclose()
+        assert [h.seq for h in await pgb.search("otters")] == [2]
+        assert await pgb.caught_up() == expected

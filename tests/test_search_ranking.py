@@ -32,11 +32,12 @@ async def test_ranked_candidates_give_the_joined_querys_hits(tmp_path: Path, lim
     await search(tmp_path, "warmup")  # (catches the index up)
     index = SqliteIndex(tmp_path)
     try:
-        got = await index.search("needle", session_id=None, role=None, since=None, all_messages=all_messages,
-                                 limit=limit)
-        want = index._joined("needle", None, None, None, all_messages, limit)
+        got, ranking = await index.search("needle", session_id=None, role=None, since=None,
+                                          all_messages=all_messages, limit=limit)
+        want = index._joined("needle", [] if all_messages else ["d.in_view = 1"], [], limit)
     finally:
         index.close()
+    assert ranking == {"window": None, "ranked": None, "all_ranked": True}
     assert [r["score"] for r in got] == [r["score"] for r in want]
     assert len(got) == min(limit, 330 if all_messages else 30)
     assert all_messages or all(r["in_view"] for r in got)

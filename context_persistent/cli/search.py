@@ -32,11 +32,13 @@ async def _search(args: argparse.Namespace) -> int:
 
     target = _where_index(args)
     hits = await search(target.pop("storage"), args.query, session_id=args.session, role=args.role,
-                        since=args.since, limit=args.limit, all_messages=args.all, **target)
+                        since=args.since, limit=args.limit, all_messages=args.all, exhaustive=args.exhaustive,
+                        **({"window": args.window} if args.window else {}), **target)
     if args.json:
         print_json({"query": args.query, "hits": [{"session_id": h.session_id, "seq": h.seq, "index": h.index,
                                                     "role": h.role, "ts": h.ts, "snippet": h.snippet,
-                                                    "score": h.score, "in_view": h.in_view} for h in hits]})
+                                                    "score": h.score, "in_view": h.in_view} for h in hits],
+                    "ranking": hits.ranking})
         return EXIT_HITS if hits else EXIT_NONE
     on = use_colour(sys.stdout)
     for h in hits:
@@ -47,6 +49,9 @@ async def _search(args: argparse.Namespace) -> int:
         print(f"    {snippet}")
     if not hits:
         print(f"no match for {args.query!r}", file=sys.stderr)
+    elif not hits.ranking["all_ranked"]:
+        print(f"ranked the newest {hits.ranking['ranked']:,} matching messages; older ones match too "
+              "(--exhaustive ranks them all)", file=sys.stderr)
     return EXIT_HITS if hits else EXIT_NONE
 
 
@@ -195,6 +200,18 @@ def _limit(text: str) -> int:
     return value
 
 
+def _window(text: str) -> int:
+    from ..operations.search.api import MAX_WINDOW
+
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_WINDOW:
+        raise argparse.ArgumentTypeError(f"expected a number of matches from 1 to {MAX_WINDOW}, got {text!r}")
+    return value
+
+
 def _take_over(sub: Any) -> None:
     """``ls`` from the index (both backends); ``show --around``."""
     from .common import _whole_number
@@ -231,6 +248,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=_limit, default=20, metavar="N", help="at most N hits (default 20)")
     p.add_argument("--all", action="store_true", help="also messages the views no longer show (cleared or "
                    "replaced) that the log still holds")
+    p.add_argument("--window", type=_window, metavar="N", help="rank the newest N matching messages (default "
+                   "10,000; at least --limit): docs/search.md, 'Ranking'")
+    p.add_argument("--exhaustive", action="store_true", help="rank every matching message, not only the newest "
+                   "--window (slower for a word in much of the storage)")
     p.set_defaults(func=_run(_search))
 
     p = sub.add_parser("index", parents=[common], help="the search index: rebuild it from the logs, or its status",

@@ -323,8 +323,8 @@ class PersistentContextManager:
         """
         return await self._eraser.erase(message_index, seq, index, reason, vacuum)
 
-    async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None,
-                     since: Any = None, limit: int = 20, all_messages: bool = False) -> list[Any]:
+    async def search(self, query: str, *, all_sessions: bool = False, role: str | None = None, since: Any = None,
+                     limit: int = 20, all_messages: bool = False, **ranking: Any) -> list[Any]:
         """Full-text search of this session (``all_sessions``: of every session of its storage) through the
         storage's search index, caught up first (docs/search.md).
 
@@ -333,9 +333,10 @@ class PersistentContextManager:
         datetime, ``2025-01-31``, ``2025-01-31T09:30``, or an age: ``7d``, ``12h``, ``30m``), ``limit`` the best
         ``limit`` hits (1 to 10,000). ``all_messages`` also finds messages the views no longer show (cleared,
         replaced) that the log still holds. On PostgreSQL, the schema's search tables (docs/search.md).
+        ``ranking``: ``window=N`` or ``exhaustive=True``, the newest matches ranked (docs/search.md, "Ranking").
 
-        Returns a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the match in
-        brackets, score, whether the views show it), best first.
+        Returns ``SearchResults``: a list of ``SearchHit`` (session id, seq, index, role, time, a snippet with the
+        match in brackets, score, whether the views show it), best first, and ``.ranking``.
 
         Raises ``QueryError`` (a ValueError) for a query that is not valid, ValueError for a bad filter.
         """
@@ -346,7 +347,7 @@ class PersistentContextManager:
         where = {"dsn": log.dsn, "pg_schema": log.schema} if self._s.config["backend"] != "file" else {}
         return await asyncio.to_thread(asyncio.run, search(
             self._s.storage_path, query, session_id=None if all_sessions else self.session_id, role=role,
-            since=since, limit=limit, all_messages=all_messages, **where))
+            since=since, limit=limit, all_messages=all_messages, **where, **ranking))
 
     async def verify_erasure(self, receipt: dict[str, Any]) -> list[str]:
         """Check an erasure receipt (from ``erase``) against this session as stored now.

@@ -16,7 +16,8 @@ its log), ``sqlite_index`` (the embedded FTS5 index), ``indexer`` (catching up, 
 ``list_sessions``).
 """
 
-from .api import SearchHit, list_sessions, parse_since, rebuild_index, search
+from .api import RANK_WINDOW, SearchHit, SearchResults, list_sessions, parse_since, rebuild_index, search
 from .text import QueryError
 
-__all__ = ["QueryError", "SearchHit", "list_sessions", "parse_since", "rebuild_index", "search"]
+__all__ = ["RANK_WINDOW", "QueryError", "SearchHit", "SearchResults", "list_sessions", "parse_since",
+           "rebuild_index", "search"]

@@ -28,6 +28,9 @@ from .text import MARK_CLOSE, MARK_OPEN, QueryError, fingerprint, translate, uns
 logger = logging.getLogger("context_persistent")
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 10_000
+#: Matches ranked by default: the newest this many (docs/search.md, "Ranking"); ``exhaustive`` ranks all.
+RANK_WINDOW = 10_000
+MAX_WINDOW = 1 << 40
 _RELATIVE = re.compile(r"^(\d+)([dhm])$")
 #: OperationalErrors of the database, not of the query (any other one is FTS5 refusing the query).
 _STORAGE_ERROR = re.compile(r"locked|busy|disk|I/O|unable to open|no such table|malformed|readonly")
@@ -73,18 +76,31 @@ def parse_since(since: str | datetime | None) -> str | None:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
 
 
-def _check(role: str | None, limit: int) -> None:
+class SearchResults(list[SearchHit]):
+    """The hits of a search, best first (a list), and ``ranking``: how they were ranked. ``window``: the newest
+    this many matches were ranked (None: every match, ``exhaustive``); ``ranked``: how many matches were
+    ranked (None when every one was, uncounted); ``all_ranked``: no match was left unranked (False: older
+    matches exist that ``exhaustive=True`` would also rank)."""
+
+    def __init__(self, hits: list[SearchHit], ranking: dict[str, Any]) -> None:
+        super().__init__(hits)
+        self.ranking = ranking
+
+
+def _check(role: str | None, limit: int, window: int) -> None:
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not limit <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be an integer from the limit ({limit}) to {MAX_WINDOW}, got {window!r}")
 
 
 async def search(storage: str | os.PathLike[str] | None, query: str, *, session_id: str | None = None,
                  role: str | None = None, since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
                  all_messages: bool = False, catch_up: bool = True, dsn: str | None = None,
                  pg_schema: str | None = None, index_path: str | os.PathLike[str] | None = None,
-                 read_only: bool = False) -> list[SearchHit]:
+                 read_only: bool = False, window: int = RANK_WINDOW, exhaustive: bool = False) -> SearchResults:
     """Full-text search over every session of a file storage, or with ``dsn`` of a PostgreSQL schema
     (``pg_schema``; ``storage`` is then not used). docs/search.md has the query language.
 
@@ -93,6 +109,11 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
     own, so that nothing is written to the storage (the viewer's). ``read_only``: write no index at all (no
     catch-up; a hit its log disagrees with is left out rather than indexed again). QueryError (a ValueError) for
     a query that is not valid; ValueError for a bad filter.
+
+    Ranking (docs/search.md, "Ranking"): the newest ``window`` matching messages (10,000 by default) are ranked
+    and the best ``limit`` of them returned; ``exhaustive=True`` ranks every match (slower when a word is in a
+    large part of the storage). The result is a list of ``SearchHit`` with ``.ranking`` saying which was done
+    (``SearchResults``).
     """
     compiled: Any
     if dsn is not None:
@@ -101,10 +122,10 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
         compiled = compile_query(query)
     else:
         compiled = translate(query)
-    _check(role, limit)
+    _check(role, limit, window)
     since_iso = parse_since(since)
 
-    async def work(index: Any) -> list[SearchHit]:
+    async def work(index: Any) -> SearchResults:
         if catch_up and not read_only:
             if session_id is not None:
                 await catch_up_session(index, session_id)
@@ -112,8 +133,9 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
                 await catch_up_storage(index)
         for attempt in range(3):
             try:
-                rows = await index.search(compiled, session_id=session_id, role=role, since=since_iso,
-                                          all_messages=all_messages, limit=limit)
+                rows, ranking = await index.search(compiled, session_id=session_id, role=role, since=since_iso,
+                                                   all_messages=all_messages, limit=limit,
+                                                   window=None if exhaustive else window)
             except Exception as e:
                 if type(e).__name__ == "OperationalError" and not _STORAGE_ERROR.search(str(e)):
                     raise QueryError(f"bad query {query!r}: {str(e).removeprefix('fts5: ')} "
@@ -121,7 +143,7 @@ async def search(storage: str | os.PathLike[str] | None, query: str, *, session_
                 raise
             stale = await index.stale(rows) if hasattr(index, "stale") else _stale_sessions(index.storage, rows)
             if not stale or attempt == 2 or read_only:
-                return [_hit(r) for r in rows if r["session_id"] not in stale]
+                return SearchResults([_hit(r) for r in rows if r["session_id"] not in stale], ranking)
             for sid in stale:
                 logger.warning("search index: session %s disagrees with its log: indexing it again", sid)
                 await catch_up_session(index, sid, force=True)

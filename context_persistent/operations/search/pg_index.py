@@ -95,7 +95,10 @@ class PgIndex:
         return conn
 
     async def _layout(self, conn: Any) -> tuple[str | None, str | None]:
-        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{self.schema}.search_meta"):
+        """The layout and tokenizer the tables were made for; None when any table is missing (a lost table:
+        all are made again and filled from the logs, never a half index trusted)."""
+        if not await conn.fetchval("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t",
+                                   [f"{self.schema}.{table}" for table in TABLES]):
             return None, None
         meta = dict(await conn.fetch(self.q("SELECT name, value FROM {s}.search_meta")))
         return meta.get("layout"), meta.get("tokenize")
@@ -287,10 +290,14 @@ class PgIndex:
         return total
 
     async def search(self, compiled: tuple[str | None, list[Any]], *, session_id: str | None, role: str | None,
-                     since: str | None, all_messages: bool, limit: int) -> list[dict[str, Any]]:
+                     since: str | None, all_messages: bool, limit: int,
+                     window: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The best ``limit`` matches by ``ts_rank``: of the newest ``window`` matches (by time, then id), or of
+        every match (``window`` None); and how many were ranked (sqlite_index.SqliteIndex.search)."""
         tsquery, marks = compiled
+        ranking: dict[str, Any] = {"window": window, "ranked": None if window is None else 0, "all_ranked": True}
         if tsquery is None:
-            return []
+            return [], ranking
         where: list[str] = ["d.tsv @@ q.q"]
         params: list[Any] = [tsquery]
         for cond, value in (("d.in_view", None if all_messages else True), ("d.session_id = ${}", session_id),
@@ -300,16 +307,26 @@ class PgIndex:
             elif value is not None:
                 params.append(value)
                 where.append(cond.format(len(params)))
-        params.append(limit)
+        cols = ("d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
+                "-ts_rank(d.tsv, q.q) AS score, d.body")
         names = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score", "body")
-        rows = [dict(zip(names, r)) for r in await self._fetch(
-            f"SELECT d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, d.fp, "
-            f"-ts_rank(d.tsv, q.q) AS score, d.body FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) "
-            f"WHERE {' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params)}", *params)]
+        if window is None:
+            found = await self._fetch(f"SELECT {cols} FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE "
+                                      f"{' AND '.join(where)} ORDER BY score, d.id LIMIT ${len(params) + 1}",
+                                      *params, limit)
+        else:  # the ids of the newest window + 1 (whether older matches exist), then the first window ranked
+            newest = [r[0] for r in await self._fetch(
+                f"SELECT d.id FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE {' AND '.join(where)} "
+                f"ORDER BY d.ts DESC, d.id DESC LIMIT ${len(params) + 1}", *params, window + 1)]
+            ranking["ranked"], ranking["all_ranked"] = min(len(newest), window), len(newest) <= window
+            found = await self._fetch(f"SELECT {cols} FROM {{s}}.search_docs d, CAST($1 AS tsquery) AS q(q) WHERE "
+                                      "d.id = ANY($2::bigint[]) ORDER BY score, d.ts DESC, d.id DESC LIMIT $3",
+                                      tsquery, newest[:window], limit) if newest else []
+        rows = [dict(zip(names, r)) for r in found]
         for r in rows:
             r["snippet"] = snippet(r.pop("body"), marks)
             r["fp"] = bytes(r["fp"])
-        return rows
+        return rows, ranking
 
     async def stale(self, rows: list[dict[str, Any]]) -> set[str]:
         """The sessions of hits whose message the log does not hold where the index says (read and verified)."""

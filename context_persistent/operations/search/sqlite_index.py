@@ -2,9 +2,9 @@
 
 Tables (layout ``LAYOUT``): ``meta`` (layout, tokenizer, last purge), ``sessions`` (one row per indexed session:
 its anchor, the last indexed record's seq, crc and position, the ``ls`` facts), ``docs`` (one row per message:
-key, role, time, whether the views show it, its fingerprint and where the log holds it), ``fts`` (the FTS5 table,
-``rowid`` = ``docs.id``, columns ``body`` and ``tools``), ``redacted`` (keys ``redacted`` events named, with
-the fingerprint of the message) and ``erasing`` (erasures in progress: docs/search.md, "Erasure").
+key, role, time, whether the views show it, its fingerprint and where the log holds it; ``id`` follows the
+message's time: ``time_id``), ``fts`` (the FTS5 table, ``rowid`` = ``docs.id``, columns ``body`` and
+``tools``), ``redacted`` (keys ``redacted`` events named, with the fingerprint of the message) and ``erasing`` (erasures in progress: docs/search.md, "Erasure").
 
 Removing text (a redaction, an erasure, an expiry, a trashed session) deletes its rows and then *purges*: FTS5
 ``optimize`` merges the index into one segment without the deleted entries, ``secure_delete`` zeroes every
@@ -16,12 +16,14 @@ a read is moved out of the way and built again from the logs, never trusted.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ logger = logging.getLogger("context_persistent")
 
 INDEX_DIR = ".search"
 INDEX_NAME = "index.sqlite3"
-LAYOUT = "1"
+LAYOUT = "2"  # 2: document ids follow time (time_id)
 TOKENIZE = f"unicode61 remove_diacritics 2 separators '{SEP}'"
 #: How long a statement waits for another process's write transaction (the writers of other sessions).
 BUSY_TIMEOUT = 60.0
@@ -53,6 +55,7 @@ CREATE TABLE IF NOT EXISTS redacted (session_id TEXT NOT NULL, key INTEGER NOT N
     PRIMARY KEY (session_id, key));
 CREATE TABLE IF NOT EXISTS erasing (session_id TEXT NOT NULL, key INTEGER NOT NULL, pid INTEGER NOT NULL,
     host TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (session_id, key));
+CREATE INDEX IF NOT EXISTS docs_hidden ON docs (id) WHERE in_view = 0;
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tools, tokenize="{TOKENIZE}");
 """
 
@@ -60,6 +63,14 @@ _DOC_COLUMNS = "d.id, d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.t
 _NAMES = ("id", "session_id", "key", "rec_seq", "slot", "pos", "role", "ts", "in_view", "fp", "score")
 #: Candidates ranked per hit wanted before the documents are read (docs the views no longer show are dropped).
 _CANDIDATES = 4
+#: Document ids a microsecond (docs.id = the message's time in µs x _PER_US, then the next free id; up to the
+#: year 3000 in 63 bits).
+_PER_US = 1 << 8
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+#: How a search ranked: ``window`` (None: every match), ``ranked`` (matches ranked; None: all, not counted),
+#: ``all_ranked`` (no match was left unranked).
+Ranking = dict[str, Any]
 
 SESSION_FIELDS = ("session_id", "last_seq", "last_crc", "position", "signature", "state", "messages", "bytes",
                   "first_ts", "last_ts", "title")
@@ -229,10 +240,20 @@ class SqliteIndex:
         db = self.db
         n = 0
         for doc, in_view in docs:
-            cur = db.execute("INSERT INTO docs (session_id, key, rec_seq, slot, pos, role, ts, in_view, fp) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (sid, doc.key, doc.rec_seq, doc.slot, doc.pos, doc.role, doc.ts, int(in_view), doc.fp))
-            db.execute("INSERT INTO fts (rowid, body, tools) VALUES (?, ?, ?)", (cur.lastrowid, doc.body, doc.tools))
+            row = (sid, doc.key, doc.rec_seq, doc.slot, doc.pos, doc.role, doc.ts, int(in_view), doc.fp)
+            doc_id = time_id(doc.ts)
+            while True:
+                try:
+                    db.execute("INSERT INTO docs (id, session_id, key, rec_seq, slot, pos, role, ts, in_view, fp) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (doc_id, *row))
+                    break
+                except sqlite3.IntegrityError as e:
+                    if "docs.id" not in str(e):
+                        raise
+                    # (taken: another message of that microsecond) the next id after those taken from here
+                    doc_id = db.execute("SELECT max(id) FROM docs WHERE id >= ? AND id < ?",
+                                        (doc_id, doc_id + _PER_US)).fetchone()[0] + 1
+            db.execute("INSERT INTO fts (rowid, body, tools) VALUES (?, ?, ?)", (doc_id, doc.body, doc.tools))
             n += 1
         return n
 
@@ -296,20 +317,87 @@ class SqliteIndex:
         return rows
 
     async def search(self, fts_query: str, *, session_id: str | None, role: str | None, since: str | None,
-               all_messages: bool, limit: int) -> list[dict[str, Any]]:
+                     all_messages: bool, limit: int, window: int | None = None) -> tuple[list[dict[str, Any]], Ranking]:
+        """The best ``limit`` matches and how many were ranked: with ``window``, the newest ``window`` matches
+        (by the documents' ids: their time) are ranked; without, every match (docs/search.md, "Ranking")."""
+        ranking: Ranking = {"window": window, "ranked": None, "all_ranked": True}
         rows = None
-        if session_id is None and role is None and since is None:
+        if window is not None:
+            rows = self._windowed(fts_query, session_id, role, since, all_messages, limit, window, ranking)
+        elif session_id is None and role is None and since is None:
             rows = self._ranked_first(fts_query, all_messages, limit)
         if rows is None:
-            rows = self._joined(fts_query, session_id, role, since, all_messages, limit)
+            rows = self._joined(fts_query, *_filters(session_id, role, since, all_messages), limit)
         if rows:
             ids = [r["id"] for r in rows]
+            # A lookup per id sets the query up once per id, which for a prefix (``pool*``: every word starting
+            # so, their lists merged) costs as much as the search: a prefix query is set up once, walking the
+            # hits' range of ids instead.
+            cond = (f"rowid IN ({', '.join('?' * len(ids))})" if "*" not in fts_query else
+                    f"rowid BETWEEN {min(ids)} AND {max(ids)} AND +rowid IN ({', '.join('?' * len(ids))})")
             snippets = dict(self.db.execute(
                 f"SELECT rowid, snippet(fts, -1, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16) FROM fts WHERE fts MATCH ? "
-                f"AND rowid IN ({', '.join('?' * len(ids))})", [fts_query, *ids]))
+                f"AND {cond}", [fts_query, *ids]))
             for r in rows:
                 r["snippet"] = snippets.get(r["id"], "")
-        return rows
+        return rows, ranking
+
+    def _windowed(self, fts_query: str, session_id: str | None, role: str | None, since: str | None,
+                  all_messages: bool, limit: int, window: int, ranking: Ranking) -> list[dict[str, Any]]:
+        """The newest ``window`` matches (FTS5 walks a phrase's documents by rowid, newest first, and stops
+        there), each scored by bm25, the best ``limit`` of them returned (ties: the newer first). ``ranking``
+        says how many were ranked and whether older matches were left unranked (one more lookup past the
+        window's oldest)."""
+        if session_id is None and role is None and since is None:
+            scored = self._window_alone(fts_query, all_messages, window)
+            if scored is not None:
+                shown = "" if all_messages else " AND rowid NOT IN (SELECT id FROM docs WHERE in_view = 0)"
+                return self._best(scored, window, limit, ranking, lambda oldest: self.db.execute(
+                    f"SELECT 1 FROM fts WHERE fts MATCH ? AND rowid < ?{shown} ORDER BY rowid DESC LIMIT 1",
+                    (fts_query, oldest)).fetchone() is None)
+        where, params = _filters(session_id, role, since, all_messages)
+        where, params = ["fts MATCH ?", *where], [fts_query, *params]
+        if since is not None:
+            where.append("fts.rowid >= ?")  # (ids follow time: FTS5 starts at the first of that microsecond)
+            params.append(time_id(since))
+        cond = " AND ".join(where)
+        scored = self.db.execute(f"SELECT fts.rowid, bm25(fts) FROM fts JOIN docs d ON d.id = fts.rowid WHERE {cond} "
+                                 f"ORDER BY fts.rowid DESC LIMIT ?", [*params, window]).fetchall()
+        return self._best(scored, window, limit, ranking, lambda oldest: self.db.execute(
+            f"SELECT 1 FROM fts JOIN docs d ON d.id = fts.rowid WHERE {cond} AND fts.rowid < ? "
+            f"ORDER BY fts.rowid DESC LIMIT 1", [*params, oldest]).fetchone() is None)
+
+    def _window_alone(self, fts_query: str, all_messages: bool, window: int) -> list[tuple[int, float]] | None:
+        """The newest ``window`` matches of the views in the FTS table alone (no lookup of each match's
+        document: a third of the cost), when that is exact: when none of the newest ``window`` matches of the
+        whole index is a document the views no longer show (``docs_hidden``: their ids), or fewer match
+        (then those are dropped). None when the documents must be read (the window reaches further back)."""
+        scored = self.db.execute("SELECT rowid, bm25(fts) FROM fts WHERE fts MATCH ? ORDER BY rowid DESC LIMIT ?",
+                                 (fts_query, window)).fetchall()
+        if all_messages or not scored:
+            return scored
+        hidden = self.db.execute("SELECT id FROM docs WHERE in_view = 0 AND id >= ? LIMIT 100001",
+                                 (scored[-1][0],)).fetchall()
+        if not hidden:
+            return scored
+        if len(hidden) > 100_000:
+            return None
+        gone = {h[0] for h in hidden}
+        kept = [r for r in scored if r[0] not in gone]
+        return kept if len(scored) < window or len(kept) == len(scored) else None
+
+    def _best(self, scored: list[tuple[int, float]], window: int, limit: int, ranking: Ranking,
+              none_older: Callable[[int], bool]) -> list[dict[str, Any]]:
+        """The best ``limit`` of the window's scored matches with their documents, and ``ranking`` (for a full
+        window, ``none_older(oldest id)`` says whether every match was ranked)."""
+        ranking["ranked"] = len(scored)
+        if len(scored) == window:
+            ranking["all_ranked"] = none_older(scored[-1][0])
+        best = heapq.nsmallest(limit, scored, key=lambda r: (r[1], -r[0]))  # (a sort in SQL costs more)
+        docs = {r[0]: r for r in self.db.execute(
+            f"SELECT {_DOC_COLUMNS} FROM docs d WHERE d.id IN ({', '.join('?' * len(best))})", [r[0] for r in best])}
+        # (an fts row without its document cannot be returned: the joined query skips it too)
+        return [dict(zip(_NAMES, (*docs[rowid], score))) for rowid, score in best if rowid in docs]
 
     def _ranked_first(self, fts_query: str, all_messages: bool, limit: int) -> list[dict[str, Any]] | None:
         """The best ``limit`` matches without a filter on the session, role or time: ranked in the FTS table
@@ -339,26 +427,11 @@ class SqliteIndex:
                 return rows
         return rows if len(ranked) < want else None
 
-    def _joined(self, fts_query: str, session_id: str | None, role: str | None, since: str | None,
-                all_messages: bool, limit: int) -> list[dict[str, Any]]:
-        where = ["fts MATCH ?"]
-        params: list[Any] = [fts_query]
-        if not all_messages:
-            where.append("d.in_view = 1")
-        if session_id is not None:
-            where.append("d.session_id = ?")
-            params.append(session_id)
-        if role is not None:
-            where.append("d.role = ?")
-            params.append(role)
-        if since is not None:
-            where.append("d.ts >= ?")
-            params.append(since)
-        params.append(limit)
+    def _joined(self, fts_query: str, where: list[str], params: list[Any], limit: int) -> list[dict[str, Any]]:
         # Ranked first, snippets after: a snippet tokenises its document again, so only the hits returned get one.
         sql = (f"SELECT {_DOC_COLUMNS}, bm25(fts) FROM fts JOIN docs d ON d.id = fts.rowid "
-               f"WHERE {' AND '.join(where)} ORDER BY bm25(fts) LIMIT ?")
-        return [dict(zip(_NAMES, r)) for r in self.db.execute(sql, params)]
+               f"WHERE {' AND '.join(['fts MATCH ?', *where])} ORDER BY bm25(fts) LIMIT ?")
+        return [dict(zip(_NAMES, r)) for r in self.db.execute(sql, [fts_query, *params, limit])]
 
     def contents(self) -> dict[str, Any]:
         """Everything the index says (sessions without their signature, documents with their texts): what a
@@ -368,6 +441,32 @@ class SqliteIndex:
         docs = sorted(db.execute("SELECT d.session_id, d.key, d.rec_seq, d.slot, d.pos, d.role, d.ts, d.in_view, "
                                  "d.fp, f.body, f.tools FROM docs d JOIN fts f ON f.rowid = d.id"))
         return {"sessions": sessions, "docs": docs}
+
+
+def _filters(session_id: str | None, role: str | None, since: str | None,
+             all_messages: bool) -> tuple[list[str], list[Any]]:
+    """The conditions on ``docs d`` of a search's filters, and their parameters."""
+    where: list[str] = [] if all_messages else ["d.in_view = 1"]
+    params: list[Any] = []
+    for cond, value in (("d.session_id = ?", session_id), ("d.role = ?", role), ("d.ts >= ?", since)):
+        if value is not None:
+            where.append(cond)
+            params.append(value)
+    return where, params
+
+
+def time_id(ts: str) -> int:
+    """The first document id of ``ts``'s microsecond: ids follow the messages' time (``_PER_US`` ids a
+    microsecond, then the next free one: the messages of a list record, which share their record's time, keep
+    their order), so "newest first" is FTS5's own descending rowid order. A time that is not ISO 8601 (no log
+    writes one) counts as the epoch."""
+    try:
+        dt = datetime.fromisoformat(ts)
+    except (TypeError, ValueError):
+        return 0
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return ((dt - _EPOCH) // _US) * _PER_US
 
 
 def title_of(body: str) -> str:
