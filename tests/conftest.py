@@ -77,18 +77,40 @@ SHARED_FIXTURE_FILES = ("test_amplifier_calibration.py", "test_amplifier_cli.py"
                         "test_segment_expiry_crash.py", "test_viewer_api.py", "test_viewer_browser.py",
                         "test_viewer_postgres.py", "test_viewer_usage.py")
 
+#: Grouped files that share one fixture between them run as one unit (in one worker, one after the other): the
+#: two files of the real Amplifier host use the host the run installs once (realhost.shared_host).
+SHARED_UNITS = {"test_amplifier_calibration.py": "amplifier-host", "test_amplifier_cli.py": "amplifier-host"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the slow tests of the ungrouped files come first (they are handed out one by
+    one in this order, after the grouped units): the long tests start early and the run ends with short ones,
+    so that both workers finish together. (Only the order changes: a grouped file's tests keep theirs.)"""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
+    def later(item: pytest.Item) -> bool:
+        return item.path.name in SHARED_FIXTURE_FILES or item.get_closest_marker("slow") is None
+
+    items[:] = sorted(items, key=later)
+
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # (without pytest-xdist the suite runs in one process)
     pass
 else:
     class _FileGroups(LoadScopeScheduling):
-        """``--dist loadgroup``: the tests of SHARED_FIXTURE_FILES as one unit per file, the rest one by one
-        (units of several tests are handed out first, then the rest in collection order)."""
+        """``--dist loadgroup``: the tests of SHARED_FIXTURE_FILES as one unit per file (per SHARED_UNITS name for
+        the files named there), the rest one by one (units of several tests are handed out first, largest
+        first, then the rest in collection order)."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if path.rsplit("/", 1)[-1] in SHARED_FIXTURE_FILES else nodeid
+            folder, _, name = path.rpartition("/")
+            if name in SHARED_UNITS:
+                return f"{folder}/{SHARED_UNITS[name]}"
+            return path if name in SHARED_FIXTURE_FILES else nodeid
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
         return _FileGroups(config, log) if config.getvalue("dist") == "loadgroup" else None

@@ -14,6 +14,7 @@ Where the archives are absent (a user's clone) the tests skip with the reason; w
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import re
@@ -156,6 +157,47 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     (Path(purelib) / "cp_e2e_modules.pth").write_text("".join(f"{p}\n" for p in sorted(modules.iterdir())))
     return Host(base=base, venv=venv, package=package, modules=modules, wheels=wheels,
                 install_seconds=time.monotonic() - started)
+
+
+def run_folder(tmp_path_factory: Any) -> Path:
+    """A folder of this pytest run that every pytest-xdist worker of the run shares: the parent of the
+    worker's basetemp (``pytest-N/popen-gwK``) under xdist, the basetemp itself without it."""
+    base = Path(tmp_path_factory.getbasetemp())
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_host(tmp_path_factory: Any) -> Host:
+    """The real CLI installed once per pytest run, for every test file and xdist worker that needs it.
+
+    The first caller builds it into ``run_folder()/amplifier-host`` under an exclusive lock and records it
+    in ``host.json`` there; later callers (another file's session fixture, another worker) wait for the lock
+    and take the recorded host. A build that failed half-way is removed and tried again by the next caller.
+    The tests only run the CLI in the host (each in its own HOME and folders) and read its wheels, so they
+    can share it; a test that changes an environment builds its own (test_amplifier_cli's ``bare`` host).
+    """
+    try:
+        find_archives(host_dir())
+    except HostUnavailable as e:  # a skip, or a failure where CI requires the host
+        unavailable(str(e))
+    folder = run_folder(tmp_path_factory) / "amplifier-host"
+    record = folder / "host.json"
+    fd = os.open(folder.with_name("amplifier-host.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if record.exists():
+            fields = json.loads(record.read_text())
+            return Host(**{k: (v if k == "install_seconds" else Path(v)) for k, v in fields.items()})
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700)
+        host = build_host(folder)
+        fields = {k: (v if k == "install_seconds" else str(v)) for k, v in vars(host).items()}
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fields))
+        os.chmod(tmp, 0o600)
+        tmp.replace(record)
+        return host
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def bundle_text(host: Host, storage: Path, *, context_source: bool = True, delegate: bool = False,

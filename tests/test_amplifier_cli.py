@@ -7,8 +7,9 @@ processes and checks what the provider received on every request (exactly one sy
 user turn once; tool calls and results in pairs) and what our log holds (read with the package's API,
 read-only).
 
-Installing the CLI takes about 15 s and the file about a minute in all (2 cores), so every test that needs the host is
-marked slow (``make test-fast`` leaves them out; CI runs them).
+Installing the CLI takes about 15 s, once per run (realhost.shared_host: test_amplifier_calibration.py uses the same
+host), and the file about a minute in all (2 cores), so every test that needs the host is marked slow
+(``make test-fast`` leaves them out; CI runs them).
 """
 
 from __future__ import annotations
@@ -29,18 +30,15 @@ import pytest
 from context_persistent.operations.search.sqlite_index import INDEX_DIR
 
 from realhost import (Cli, Host, HostUnavailable, build_host, check_request, find_archives, host_dir, host_exit_crash,
-                      session_id_of, text_of, unavailable, user_texts)
+                      session_id_of, shared_host, text_of, unavailable, user_texts)
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
-    try:
-        find_archives(host_dir())
-    except HostUnavailable as e:  # a skip, or a failure where CI requires the host
-        unavailable(str(e))
-    return build_host(tmp_path_factory.mktemp("amplifier-host"))
+    """The host this run installed once, shared with the other file that needs it (realhost.shared_host)."""
+    return shared_host(tmp_path_factory)
 
 
 @pytest.fixture
@@ -63,6 +61,49 @@ def test_absent_host_is_a_skip_with_the_reason_or_a_failure_in_ci(tmp_path: Path
     monkeypatch.setenv("CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST", "1")
     with pytest.raises(pytest.fail.Exception, match="required .* but the reason"):
         unavailable("the reason")
+
+
+def test_the_host_is_built_once_per_run_for_every_caller_and_again_after_a_failed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """realhost.shared_host: callers at once (threads here; workers or files in a run) wait for one build and all
+    get its host; a build that failed is not taken for a host: the next caller builds again."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import realhost
+
+    builds: list[Path] = []
+    fail = threading.Event()
+
+    def build(base: Path) -> Host:
+        builds.append(base)
+        (base / "partial").write_text("")
+        time.sleep(0.2)
+        if fail.is_set():
+            raise RuntimeError("pip failed")
+        assert not (base / "host.json").exists()
+        return Host(base=base, venv=base / "venv", package=base / "package", modules=base / "modules",
+                    wheels=base / "wheels", install_seconds=0.25)
+
+    class Factory:
+        def getbasetemp(self) -> Path:
+            return tmp_path / "pytest-7" / "popen-gw1"
+
+    (tmp_path / "pytest-7" / "popen-gw1").mkdir(parents=True)
+    monkeypatch.setattr(realhost, "build_host", build)
+    monkeypatch.setattr(realhost, "find_archives", lambda folder: {})
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    fail.set()
+    with pytest.raises(RuntimeError, match="pip failed"):
+        shared_host(Factory())
+    fail.clear()
+    with ThreadPoolExecutor(3) as pool:
+        hosts = list(pool.map(lambda _: shared_host(Factory()), range(3)))
+    folder = tmp_path / "pytest-7" / "amplifier-host"
+    assert builds == [folder, folder] and hosts == [hosts[0]] * 3
+    assert hosts[0].venv == folder / "venv" and hosts[0].install_seconds == 0.25
+    assert shared_host(Factory()) == hosts[0] and len(builds) == 2
+    assert (folder / "host.json").stat().st_mode & 0o077 == 0 and folder.stat().st_mode & 0o077 == 0
 
 
 def test_the_hosts_crash_at_exit_is_told_apart_from_a_failure() -> None:

@@ -268,13 +268,26 @@ async def test_a_storage_whose_index_cannot_be_written_is_still_searched_and_lis
         return real(self)
 
     monkeypatch.setattr(SqliteIndex, "_connect", refuse)
-    before = set(Path(tempfile.gettempdir()).iterdir())
+    # A temporary folder of this test's own: the system's is shared with every other process (an xdist worker,
+    # another run), whose files would come and go in it. The spy checks the index was made there.
+    private = storage.parent / "tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
     assert [h.seq for h in await search(storage, "otters")] == [2]
     [row] = await list_sessions(storage)
     assert row["title"] == "readonly otters" and row["messages"] == 1
     warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
     assert len(warned) == 2 and "temporary index" in warned[0]
-    assert set(Path(tempfile.gettempdir()).iterdir()) == before
+    assert len(made) == 2 and all(Path(m).parent == private for m in made)
+    assert list(private.iterdir()) == []
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to any folder: the permission cannot be tested")
