@@ -66,6 +66,27 @@ async def test_the_writer_indexes_and_text_leaves_with_trash_erasure_and_redacti
     assert [h.session_id for h in await pgb.search("keepword")] == ["a"]
 
 
+async def test_a_read_only_search_never_shows_a_redaction_the_index_has_not_caught_up_with(pgb: PgBackend) -> None:
+    """The viewer's search on PostgreSQL writes nothing (``read_only``: no catch-up). A message redacted in the
+    log after the index last caught up is not shown (its session's hits are left out until the index catches
+    up), where before the redacted text was returned; appends alone after the index leave hits shown; a search
+    that may write catches the session up and shows the rest."""
+    async with await pgb.open("r", search_index=False) as store:
+        await store.add_message({"role": "user", "content": "secretword one"})
+        await store.add_message({"role": "assistant", "content": "keepword two"})
+    await pgb.caught_up()
+    async with await pgb.open("r", search_index=False) as store:  # (the writer does not index: a log ahead)
+        await store.add_message({"role": "user", "content": "later words"})
+    assert [h.seq for h in await pgb.search("keepword", read_only=True)] == [3]  # (only an append since)
+    async with await pgb.open("r", search_index=False) as store:
+        await store.redact(0)
+    assert await pgb.search("secretword", read_only=True) == []
+    assert await pgb.search("keepword", read_only=True) == []  # (the session is left out until caught up)
+    assert [h.seq for h in await pgb.search("keepword")] == [3]
+    assert await pgb.search("secretword") == []
+    assert [h.seq for h in await pgb.search("keepword", read_only=True)] == [3]
+
+
 async def test_unicode_filters_ls_and_a_huge_output(pgb: PgBackend) -> None:
     """CJK inside sentences, RTL text, diacritics and text around emoji are found; role, session and since
     filter; a 3 MB tool output is indexed up to its first MiB; ls lists counts, sizes, times and the title."""

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from ...model import codec
-from .fold import Doc, slots
+from .fold import APPEND_TYPES, Doc, slots
 from .pg_text import snippet, vector
 from .sqlite_index import title_of
 from .text import fingerprint, unsegment
@@ -347,7 +347,23 @@ class PgIndex:
                     stale.add(r["session_id"])
             except Exception:
                 stale.add(r["session_id"])
-        return stale
+        return stale | await self._changed_since_indexed({r["session_id"] for r in rows} - stale)
+
+    async def _changed_since_indexed(self, sids: set[str]) -> set[str]:
+        """The sessions among ``sids`` whose log holds, after their last indexed record, one that changes what
+        the views show other than by appending (a redaction, a clear, an erase...): their hits may show text the
+        log no longer shows, until the writer's indexing thread has caught up (a read-only search, the
+        viewer's, leaves them out; another search indexes them again)."""
+        if not sids:
+            return set()
+        got = await self._fetch("SELECT e.session_id, e.record FROM {s}.events AS e JOIN {s}.search_sessions AS i "
+                                "USING (session_id) WHERE e.session_id = ANY($1::text[]) AND e.seq > i.last_seq",
+                                sorted(sids))
+        changed = set()
+        for sid, line in got:
+            if sid not in changed and codec.decode(bytes(line)).get("type") not in APPEND_TYPES:
+                changed.add(sid)
+        return changed
 
     async def contents(self) -> dict[str, Any]:
         """Everything the index says (sessions without their signature, documents with their texts)."""
