@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 from . import json_lossless
@@ -136,14 +139,39 @@ def digest(payload: bytes) -> str:
 _ATOMIC: Final = frozenset((str, int, float, bool, type(None)))
 
 
+#: A list of at least this many items is copied with the cyclic garbage collector paused (:func:`gc_paused`).
+GC_PAUSE_ITEMS: Final = 1024
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many containers that hold no cycles (a copy of a
+    history: 100k messages are 200k new dicts and lists, and the collections their allocations trigger walk the
+    whole heap again and again: 0.15-0.17 s of copying at 100k x 300 B became 0.08-0.11 s, docs/performance.md).
+    Reference counting still frees everything; only cycles wait until the collector runs again. Re-entrant: a
+    pause inside a pause (or with the collector off already) leaves it as it was."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def copy_json(value: Any) -> Any:
     """A deep copy of JSON-shaped data: new dicts and lists; str, numbers, bools and None are immutable, so shared.
 
     The cost follows the number of containers, not the bytes: 2.5x faster than an orjson round trip for
-    300-byte messages, 30x for 4 KB ones (docs/performance.md), and far faster than ``copy.deepcopy``.
+    300-byte messages, 30x for 4 KB ones (docs/performance.md), and far faster than ``copy.deepcopy``. A list
+    of ``GC_PAUSE_ITEMS`` items or more (a history) is copied with the garbage collector paused.
     """
     t = type(value)
     if t is list:
+        if len(value) >= GC_PAUSE_ITEMS and gc.isenabled():
+            with gc_paused():
+                return [v if type(v) in _ATOMIC else copy_json(v) for v in value]
         return [v if type(v) in _ATOMIC else copy_json(v) for v in value]
     if t is dict:
         out = value.copy()

@@ -139,10 +139,16 @@ class Session:
         the request view). What was handed out is kept only while the whole history is in memory anyway (a
         plain list, or a paged one the page cache holds whole): a paged history beyond its budget is copied
         every time."""
+        from ..model.events import gc_paused
+
+        messages: Any = self.full().messages
+        with gc_paused():  # (up to a whole history of new dicts: docs/performance.md)
+            return self._history_copy(messages, shared)
+
+    def _history_copy(self, messages: Any, shared: bool) -> list[dict[str, Any]]:
         from ..model.events import copy_json
         from ..model.history_lists import PagedList
 
-        messages: Any = self.full().messages
         prev = self.handed_out
         mark = (id(self.state), self.epoch)
         # (only appends since, and the history grew by at most a quarter since the memory was looked at: the
