@@ -214,3 +214,37 @@ async def test_document_ids_follow_time(tmp_path: Path) -> None:
         assert index.db.execute("SELECT count(*) FROM fts WHERE rowid IN (SELECT id FROM docs)").fetchone()[0] == 2005
     finally:
         index.close()
+
+
+async def test_a_long_list_record_is_indexed_with_a_few_statements_a_message(tmp_path: Path) -> None:
+    """The messages of one list record (a host's whole transcript in one ``set_messages``) share their record's
+    time: each gets the id after the previous one's, in order, with a few SQL statements a message (finding a
+    free id again for each message made indexing grow with the square of the list: 8,000 messages took 1.8 s,
+    32,000 would take half a minute), and the newest of them is the first of the window."""
+    from context_persistent.operations.search.indexer import catch_up_storage
+
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id="t", search_index=False,
+                                                   fsync="never") as store:
+        await store.set_messages([{"role": "user", "content": f"common m{i}"} for i in range(3000)])
+        await store.add_message({"role": "user", "content": "common later"})
+    index = SqliteIndex(tmp_path)
+    statements: list[str] = []
+    index.db.set_trace_callback(statements.append)
+    try:
+        await catch_up_storage(index, tmp_path)
+        ids = [r[0] for r in index.db.execute("SELECT id FROM docs ORDER BY key")]
+    finally:
+        index.db.set_trace_callback(None)
+        index.close()
+    assert len(ids) == 3001 and ids == sorted(ids) and len(set(ids)) == 3001
+    # (about 4 a message with FTS5's own; the search for a free id per message added about 12 more at 3,000)
+    assert len(statements) < 6 * 3001, len(statements)
+    hits = await store_search(tmp_path, "common", window=1, limit=1)
+    assert [h.snippet for h in hits] == ["[common] later"]
+
+
+
+async def store_search(storage: Path, query: str, **kw: Any) -> Any:
+    from context_persistent.operations.search import search
+
+    return await search(storage, query, **kw)

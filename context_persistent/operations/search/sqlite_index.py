@@ -100,6 +100,8 @@ class SqliteIndex:
         self.path = path if path is not None else index_path(storage)
         self._db: sqlite3.Connection | None = None
         self._ino: int | None = None
+        #: The time and id of the last document inserted (insert_docs: a list record's messages in a row).
+        self._last_doc: tuple[str | None, int] = (None, -1)
 
     # -- opening --------------------------------------------------------------------------------------
     @property
@@ -239,9 +241,14 @@ class SqliteIndex:
     async def insert_docs(self, sid: str, docs: Iterable[tuple[Doc, bool]]) -> int:
         db = self.db
         n = 0
+        last_ts, last = self._last_doc  # (the previous document's time and id, across calls)
         for doc, in_view in docs:
             row = (sid, doc.key, doc.rec_seq, doc.slot, doc.pos, doc.role, doc.ts, int(in_view), doc.fp)
             doc_id = time_id(doc.ts)
+            if doc.ts == last_ts and doc_id <= last:
+                # (the messages of one list record share its time: each after the previous one, not found by
+                # searching the taken ids again for every message, which grew with the square of the list)
+                doc_id = last + 1
             while True:
                 try:
                     db.execute("INSERT INTO docs (id, session_id, key, rec_seq, slot, pos, role, ts, in_view, fp) "
@@ -254,7 +261,9 @@ class SqliteIndex:
                     doc_id = db.execute("SELECT max(id) FROM docs WHERE id >= ? AND id < ?",
                                         (doc_id, doc_id + _PER_US)).fetchone()[0] + 1
             db.execute("INSERT INTO fts (rowid, body, tools) VALUES (?, ?, ?)", (doc_id, doc.body, doc.tools))
+            last_ts, last = doc.ts, doc_id
             n += 1
+        self._last_doc = (last_ts, last)
         return n
 
     async def set_view(self, sid: str, keys: set[int]) -> None:
