@@ -30,3 +30,16 @@ def strip_message_section(path: Path) -> None:
     front = data[nl + 1:front_end]
     crc = zlib.crc32(front, zlib.crc32(line + b"\n"))
     path.write_bytes(line + b"\n" + front + b"%08x\n" % crc + data[front_end + 9:start])
+
+
+def set_layout(path: Path, layout: int) -> None:
+    """Rewrite the header of the checkpoint at ``path`` to say ``layout`` (its front CRC line recomputed)."""
+    data = path.read_bytes()
+    nl = data.index(b"\n")
+    head = orjson.loads(data[:nl])
+    head["checkpoint"] = layout
+    line = orjson.dumps(head)
+    front_end = nl + 1 + head["front_bytes"] + 1
+    front = data[nl + 1:front_end]
+    crc = zlib.crc32(front, zlib.crc32(line + b"\n"))
+    path.write_bytes(line + b"\n" + front + b"%08x\n" % crc + data[front_end + 9:])

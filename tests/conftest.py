@@ -27,6 +27,16 @@ def storage(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def lazy_fronts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints keep a lazy front section however much of the history it holds (never written whole,
+    storage/checkpoint/front.py ``slim_front``): for tests of the lazy open on sessions that a budget's front
+    covers whole."""
+    from context_persistent.storage.checkpoint import front
+
+    monkeypatch.setattr(front, "WHOLE_SHARE", 2.0)
+
+
+@pytest.fixture
 def subprocess_env(tmp_path: Path) -> dict[str, str]:
     """Environment for child processes: this checkout importable, HOME in tmp."""
     env = dict(os.environ)

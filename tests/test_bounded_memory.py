@@ -119,7 +119,7 @@ async def test_loading_the_rest_reads_refs_not_messages(long_session: Path, tmp_
 
 
 # -- 2. iter_messages ---------------------------------------------------------------------------------------
-async def test_iter_messages_equals_get_messages_lazy_loaded_and_after_changes(storage: Path) -> None:
+async def test_iter_messages_equals_get_messages_lazy_loaded_and_after_changes(storage: Path, lazy_fronts: None) -> None:
     await _session(storage, 300)
     async with await _open(storage) as store:
         assert store._state.is_lazy
@@ -320,7 +320,7 @@ async def _based_by_reference(storage: Path) -> None:
     assert (storage / S / CHECKPOINT_BASE_NAME).exists()
 
 
-async def test_a_based_checkpoint_by_reference_reopens_to_the_whole_fold(storage: Path) -> None:
+async def test_a_based_checkpoint_by_reference_reopens_to_the_whole_fold(storage: Path, lazy_fronts: None) -> None:
     await _based_by_reference(storage)
     cp = decode(FileCheckpointStore(storage / S).read_sync() or b"")
     assert cp.state_in is not None and cp.base is not None and cp.state is not None
@@ -340,7 +340,7 @@ async def test_a_based_checkpoint_by_reference_reopens_to_the_whole_fold(storage
 
 
 @pytest.mark.parametrize("damage", ["missing", "other", "flipped"])
-async def test_a_missing_or_replaced_base_file_makes_the_checkpoint_ignored(storage: Path, damage: str) -> None:
+async def test_a_missing_or_replaced_base_file_makes_the_checkpoint_ignored(storage: Path, damage: str, lazy_fronts: None) -> None:
     """checkpoint.base gone, replaced by another file, or damaged: the checkpoint is ignored (or its state
     section rebuilt from the log) with a reason, and the history is the whole fold all the same."""
     await _based_by_reference(storage)
@@ -362,7 +362,7 @@ async def test_a_missing_or_replaced_base_file_makes_the_checkpoint_ignored(stor
         assert await eager.get_messages() == got
 
 
-async def test_a_checkpoint_with_its_own_state_section_removes_the_base_and_erase_removes_both(storage: Path) -> None:
+async def test_a_checkpoint_with_its_own_state_section_removes_the_base_and_erase_removes_both(storage: Path, lazy_fronts: None) -> None:
     await _based_by_reference(storage)
     async with await _open(storage, checkpoint_every=100) as store:
         await store.get_messages()  # (loads the rest: the next checkpoint writes its own state section)

@@ -26,6 +26,14 @@ from context_persistent.model.projection import Projection
 from strategies import conversations, tool_turns as _turns
 
 S = "s"
+
+
+@pytest.fixture(autouse=True)
+def _lazy(lazy_fronts: None) -> None:
+    """Every test here opens lazily (a front that covers most of the history is written whole otherwise:
+    tests/test_message_section.py tests that)."""
+
+
 CONFIG: dict[str, Any] = dict(fsync="never", tokenizer="chars/4", recognise_replay=False)
 
 

@@ -20,12 +20,14 @@ import pytest
 from context_persistent import PersistentContextManager
 from context_persistent.operations.erasure import check_receipt
 from context_persistent.operations.repair import verify
-from context_persistent.storage.checkpoint import decode
+from context_persistent.storage.checkpoint import CHECKPOINT_VERSION, decode
+from context_persistent.storage.checkpoint import payload as payload_mod, sections as sections_mod
+from context_persistent.storage.checkpoint.front import is_whole
 from context_persistent.storage.log import scan
 from context_persistent.storage.paths import CHECKPOINT_BASE_NAME, CHECKPOINT_NAME, LOG_NAME
 from context_persistent.model.projection import Projection
 
-from checkpoint_files import section_at, strip_message_section
+from checkpoint_files import section_at, set_layout, strip_message_section
 from strategies import tool_turns
 
 S = "s"
@@ -59,16 +61,36 @@ async def _session(storage: Path, turns: int = 300, secret_at: int | None = None
             await store.add_message(m)
 
 
-async def test_round_trip_reads_no_record_it_covers(storage: Path) -> None:
-    await _session(storage)
+@pytest.mark.parametrize("budget", [None, 2_000])
+async def test_round_trip_reads_no_record_it_covers(storage: Path, budget: int | None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front that holds most of the history (the default budget covers all of this one) is written whole
+    (layout 6: no message in it) and the open reads the state and message sections, parsing each message
+    once; a small budget's front stays lazy (it holds the messages its first view needs). Either way the
+    first ``get_messages()`` reads no record the checkpoint covers."""
+    config = {} if budget is None else {"max_tokens": budget}
+    await _session(storage, **config)
     path = storage / S / CHECKPOINT_NAME
     head = _head(path)
-    assert head["checkpoint"] == 5 and head["messages_bytes"] > 0
+    assert head["checkpoint"] == CHECKPOINT_VERSION == 6 and head["messages_bytes"] > 0
     cp = decode(path.read_bytes())
     assert cp.messages_bytes == head["messages_bytes"] and cp.messages_section is not None
+    whole = budget is None
+    assert is_whole(cp.front) is whole and (cp.front["messages"] == []) is whole  # type: ignore[index]
     want = _fold(storage)
-    async with await _open(storage) as store:
-        assert store._state.is_lazy  # (the open reads the front section only)
+    parsed: list[int] = []
+    real = payload_mod.parse_messages
+
+    def counting(read: Any, start: int, length: int, n: int) -> list[Any]:
+        out = real(read, start, length, n)
+        parsed.append(len(out))
+        return out
+    monkeypatch.setattr(sections_mod, "parse_messages", counting)
+    async with await _open(storage, **config) as store:
+        assert store._state.is_lazy is not whole  # (whole: both sections read at open; lazy: the front only)
+        assert parsed == ([len(want)] if whole else [])
+        if whole:  # (the front section held no message: the section's parse is the only one)
+            assert head["front_bytes"] < 1000 and store._checkpoints.section_messages == len(want)
         await store.add_message({"role": "user", "content": "one more"})  # (the log's tail after the checkpoint)
         store._s.pager.reads = 0
         got = await store.get_messages()
@@ -77,6 +99,18 @@ async def test_round_trip_reads_no_record_it_covers(storage: Path) -> None:
         assert store._s.pager.reads == 0  # every message from the section or the appends, none from the log
         got[0]["content"] = "changed by the caller"  # (a copy: nothing stored changes)
         assert (await store.get_messages())[0]["content"] == "You are helpful."
+        assert parsed == [len(want)]  # (the history parsed once in the process)
+
+
+async def test_a_layout_5_checkpoint_still_opens_lazily(storage: Path, lazy_fronts: None) -> None:
+    """A layout 5 checkpoint (its front section holds the messages it keeps, never ``whole``) opens lazily."""
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    set_layout(path, 5)
+    async with await _open(storage) as store:
+        assert store._state.is_lazy and store._checkpoints.loaded_seq > 0
+        assert await store.get_messages() == _fold(storage)
+        assert store._checkpoints.ignored is None and store._checkpoints.section_messages > 0
 
 
 async def test_a_history_beyond_the_budget_is_written_without_a_section(storage: Path) -> None:
@@ -273,7 +307,7 @@ async def test_verify_checks_the_section_against_the_log_and_repair_removes_a_da
     assert not path.exists() and verify(folder, S).ok
 
 
-async def test_a_based_checkpoint_keeps_its_base_message_section(storage: Path) -> None:
+async def test_a_based_checkpoint_keeps_its_base_message_section(storage: Path, lazy_fronts: None) -> None:
     """A checkpoint written while the history is still lazy refers to (or copies) the state section it was
     opened from, and the message section that follows it: the next open still reads the history from it."""
     await _session(storage)

@@ -77,6 +77,14 @@ class SystemIndex:
         if known is not None and last is not None:
             self.found, self.scanned, self.last_key = list(known), n, last
 
+    def seed_front(self, front: dict[str, Any], state: Projection, seq: int) -> None:
+        """Take the indices a whole front section at ``seq`` lists (slim_front) for ``state``, read with it at
+        open (policy.Checkpointer._load_whole), if they fit it; else nothing (the first checkpoint scans)."""
+        system, n = front.get("system"), len(state.messages)
+        if state.head_seq == seq and front.get("n") == n and n and isinstance(system, list) and all(type(i) is int and 0 <= i < n
+                                                                           for i in system):
+            self.found, self.scanned, self.last_key = sorted(system), n, state.keys[n - 1]
+
     def of(self, state: Projection) -> list[int]:
         messages, keys = state.messages, state.keys
         n, start, found = len(messages), self.scanned, self.found
@@ -147,6 +155,44 @@ def front_of(state: Projection, *, keep_head: int, recent_tokens: int,
         "messages": [messages[j] for j in idx], "keys": [keys[j] for j in idx],
         "tokens": [tokens[j] for j in idx],
     }
+
+
+#: Layout 6: a front section that would hold at least this share of the history's messages is written
+#: *whole* when a message section is written with it (:func:`slim_front`).
+WHOLE_SHARE = 0.5
+
+
+def covers_most(front: dict[str, Any]) -> bool:
+    """Whether a front section (:func:`front_of`) holds at least ``WHOLE_SHARE`` of the history's messages: its
+    messages would repeat most of a message section, and an open would load the rest anyway."""
+    return len(front["idx"]) >= WHOLE_SHARE * front["n"] > 0
+
+
+def slim_front(front: dict[str, Any]) -> dict[str, Any]:
+    """The front section written *whole* (layout 6, docs/format.md): ``"whole": true`` and no messages, keys or
+    token counts (``idx`` and the three lists empty); the reader loads the state and message sections at open
+    instead of opening lazily, so no message is parsed twice."""
+    return {**front, "whole": True, "idx": [], "messages": [], "keys": [], "tokens": []}
+
+
+def is_whole(front: Any) -> bool:
+    """Whether a front section was written whole (:func:`slim_front`): the open reads the whole state."""
+    return isinstance(front, dict) and front.get("whole") is True
+
+
+def front_section(state: Projection, hints: tuple[int, int], system: list[int], counted: int,
+                  summed: tuple[int, int] | None, prefix: dict[str, Any] | None) -> dict[str, Any]:
+    """The front section a checkpoint writes (:func:`front_of` at ``hints``: ``(keep_head, recent_tokens)``),
+    with ``counted`` (messages counted), ``tokens_total`` (``summed``, or the loaded history's own sum when
+    every message is counted) and the request view's clean prefix when known."""
+    front = front_of(state, keep_head=hints[0], recent_tokens=hints[1], system=system)
+    front["counted"] = counted
+    if summed is None and not state.is_lazy and counted == front["n"]:
+        summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
+    front["tokens_total"] = list(summed) if summed is not None else None
+    if prefix is not None:
+        front["view_prefix"] = prefix
+    return front
 
 
 def restore_front(cp: Checkpoint, tokenizer: Callable[[], str], loader: BaseLoader, pager: Any = None) -> Projection:

@@ -20,9 +20,11 @@ from ...model.projection import Counts, PagedList, Projection, Refs, json_defaul
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it. Version 5 added
-#: the message section (``messages_bytes``); version 4 payloads read the same without it.
-CHECKPOINT_VERSION = 5
-READABLE_VERSIONS = (2, 3, 4, 5)
+#: the message section (``messages_bytes``); version 4 payloads read the same without it. Version 6 may write
+#: the front section *whole* (``"whole": true``, no messages: front.slim_front) beside a message section;
+#: version 5 payloads read the same (their fronts never are).
+CHECKPOINT_VERSION = 6
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
 #: The projection layout a payload was written for: a new field invalidates old checkpoints by itself. (The
 #: pager is where messages are read from, not state. The fields are slots of Projection's base, model/fold.py.)
 SCHEMA = sorted(s for c in Projection.__mro__ for s in getattr(c, "__slots__", ()) if s != "pager")

@@ -15,11 +15,12 @@ from typing import Any
 
 from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME
+from ...model.events import gc_paused
 from ...model.projection import LoadRefused, Projection
-from .front import SystemIndex, front_of, restore_front
+from .front import SystemIndex, covers_most, front_section, is_whole, restore_front, slim_front
 from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front,
                       mismatch, restore)
-from .sections import dump_section, load_section, section_refs, use_section, wants_section
+from .sections import dump_section, keeps_sections, load_section, section_refs, use_section, wants_section
 from .store import CheckpointStore, FileCheckpointStore, first_record_crc, message_reader, read_state
 from .replay import replay_from_base, replay_sync, seed_state
 
@@ -59,6 +60,9 @@ class _Prepared:
     splice: tuple[int, int, int, int] | None = None
     #: Redactions the state holds (its ``counts``): see :attr:`Checkpointer.redactions`.
     redactions: int = 0
+    #: The front section as it is when ``front_json`` is its whole form (front.slim_front): written instead
+    #: if no message section is written with it.
+    front_full: dict[str, Any] | None = None
 
 def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int,
                 messages: int = 0) -> int:
@@ -114,6 +118,35 @@ async def anchor_mismatch(cp: Checkpoint, log: Any) -> str | None:
     elif cp.base is not None:
         return "it is based on an older state section, which only a file log can bring up to date"
     return None
+
+
+def _front_json(front: dict[str, Any], pager: Any, store: Any) -> tuple[bytes, dict[str, Any] | None]:
+    """A front section's JSON, and the front itself when that JSON is its whole form (front.slim_front: it
+    holds most of the history, and a message section can be written beside it; ``_write`` writes the front as
+    it is instead if none is)."""
+    if covers_most(front) and keeps_sections(pager) and isinstance(store, FileCheckpointStore):
+        return json_lossless.dumps(slim_front(front)), front
+    return json_lossless.dumps(front), None
+
+
+def _splice_base_of(source: Any, state: Projection, store: Any, tokenizer: Callable[[], str], every: int
+                    ) -> dict[str, Any] | None:
+    """The base a new checkpoint of a lazy history can copy its state section from, or None.
+
+    Possible while the state section opened lazily (``source``: file, offset, length, checkpoint) is still on
+    disk (not loaded), its token counts were made by the current tokenizer (or it holds none), and the log
+    since its seq is short enough."""
+    if source is None or not state.is_lazy or not isinstance(store, FileCheckpointStore):
+        return None
+    cp = source[3]
+    if not isinstance(cp.position, int) or cp.last_crc is None:
+        return None
+    if cp.tokenizer is not None and cp.tokenizer != tokenizer():  # (no name asked, no encoding loaded, else)
+        return None
+    base = cp.base or {"seq": cp.seq, "position": cp.position, "last_crc": cp.last_crc}
+    if state.head_seq - base["seq"] > BASE_MAX_FACTOR * every:
+        return None
+    return dict(base)
 
 
 class Checkpointer:
@@ -194,10 +227,11 @@ class Checkpointer:
         self.redactions = _redactions(cp)
         h = self.loaded_view_prefix.get("h") if isinstance(self.loaded_view_prefix, dict) else None
         self.prefix_h = h if type(h) is int and h > 0 else 0
-        if cp.state is None:  # lazy: the front section says how many counts the stored state holds
+        if cp.state is None:  # the front was read first: it says how many counts the stored state holds
             front = cp.front or {}
             counted = front.get("counted")
-            self.counted = counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0
+            self.counted = (_counted(state) if not state.is_lazy  # (a whole front: the state was read at open)
+                            else counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0)
             summed, n = front.get("tokens_total"), front.get("n")
             if (isinstance(summed, list) and len(summed) == 2 and all(type(v) is int and v >= 0 for v in summed)
                     and type(n) is int and summed[0] <= n and cp.tokenizer == tokenizer()):
@@ -261,6 +295,8 @@ class Checkpointer:
                         self._seed(section_refs(state), load_section(
                             lambda at, count: bytes(section[at:at + count]), 0, cp, len(state.messages)), cp)
                     return cp, state
+                if is_whole(cp.front):  # (layout 6: the front holds no message; the sections are read now)
+                    return cp, self._load_whole(f, offset, length, cp, tokenizer, log)
                 state = restore_front(cp, tokenizer, state_loader, self.pager)
                 self._system.seed(state)
                 self._lazy_file = f
@@ -286,8 +322,24 @@ class Checkpointer:
             if gc_was_enabled:
                 gc.enable()
 
+    def _load_whole(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
+                    log: Any) -> Projection:
+        """The state of a checkpoint whose front section is whole (front.slim_front), read at open: the state
+        section and the message section, each parsed once (the collector paused, as in ``_load_rest``)."""
+        with gc_paused():
+            state = self._read_whole(f, offset, length, cp, tokenizer, log)
+        self._system.seed_front(cp.front or {}, state, cp.seq)
+        return state
+
     def _read_rest(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
                    log: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        state = self._read_whole(f, offset, length, cp, tokenizer, log)
+        return state.messages, state.keys, state.tokens
+
+    def _read_whole(self, f: Any, offset: int, length: int, cp: Checkpoint, tokenizer: Callable[[], str],
+                    log: Any) -> Projection:
+        """The whole state at ``cp.seq`` from its state and message sections (the file ``f`` is closed here),
+        or, if the state section fails verification, from the log replayed up to ``cp.seq``."""
         messages: tuple[list[Any] | None, str | None] | None = None
         try:
             try:
@@ -314,7 +366,7 @@ class Checkpointer:
                 except OSError as err:
                     logger.info("session %s: could not remove the unusable checkpoint: %s", self.session_id, err)
             state = replay_sync(log, cp, self.pager)
-        return state.messages, state.keys, state.tokens
+        return state
 
     def _seed(self, refs: list[int], loaded: tuple[list[Any] | None, str | None], cp: Checkpoint) -> None:
         """Put the message section's messages in the pager's cache; one that fails verification is reported
@@ -429,22 +481,9 @@ class Checkpointer:
         return int(prefix["h"]) - self.prefix_h
 
     def _splice_base(self, state: Projection, tokenizer: Callable[[], str]) -> dict[str, Any] | None:
-        """The base a new checkpoint of this lazy history can copy its state section from, or None.
-
-        Possible while the state section opened lazily is still on disk (not loaded), its token counts were
-        made by the current tokenizer (or it holds none), and the log since its seq is short enough."""
-        source = self._lazy_source
-        if source is None or not state.is_lazy or not isinstance(self.store, FileCheckpointStore):
-            return None
-        cp = source[3]
-        if not isinstance(cp.position, int) or cp.last_crc is None:
-            return None
-        if cp.tokenizer is not None and cp.tokenizer != tokenizer():  # (no name asked, no encoding loaded, else)
-            return None
-        base = cp.base or {"seq": cp.seq, "position": cp.position, "last_crc": cp.last_crc}
-        if state.head_seq - base["seq"] > BASE_MAX_FACTOR * self.every:
-            return None
-        return dict(base)
+        """The base a new checkpoint of this lazy history can copy its state section from, or None
+        (:func:`_splice_base_of`)."""
+        return _splice_base_of(self._lazy_source, state, self.store, tokenizer, self.every)
 
     def _prepare(self, state: Projection, log: Any, tokenizer: Callable[[], str]) -> _Prepared:
         """What must be read from the live state now (this runs in the caller's turn; the rest is in the
@@ -479,28 +518,27 @@ class Checkpointer:
                                      (src, offset, length, 0 if self.section_damaged else source.messages_bytes))
         state.materialise()
         counted = _counted(state)
-        front_json = b"null"
+        front_json, full = b"null", None
         if self.front_hints is not None and (isinstance(self.store, FileCheckpointStore)
                                              or getattr(self.store, "reads_front", False)):  # (read lazily only there)
-            front_json = self._front(state, counted=counted)[0]
+            front_json, full = _front_json(self._front_of(state, counted=counted), self.pager, self.store)
         return _Prepared(state.head_seq, position, tokenizer() if counted else None, last_crc, state.capture(),
-                         front_json, counted, redactions=state.counts.get("redacted", 0))
+                         front_json, counted, redactions=state.counts.get("redacted", 0), front_full=full)
 
     def _front(self, state: Projection, *, counted: int) -> tuple[bytes, bool]:
         """The front section's JSON, and whether it holds any token count."""
-        assert self.front_hints is not None
-        keep_head, recent_tokens = self.front_hints()
-        front = front_of(state, keep_head=keep_head, recent_tokens=recent_tokens, system=self._system.of(state))
-        front["counted"] = counted
-        summed = self.token_total() if self.token_total is not None else None
-        if summed is None and not state.is_lazy and counted == front["n"]:
-            summed = (front["n"], sum(state.tokens))  # type: ignore[arg-type]  # (a loaded history: read whole here anyway)
-        front["tokens_total"] = list(summed) if summed is not None else None
-        prefix = self.view_prefix() if self.view_prefix is not None else None
-        if prefix is not None:
-            front["view_prefix"] = prefix
-            self.prefix_h = prefix["h"]
+        front = self._front_of(state, counted=counted)
         return json_lossless.dumps(front), any(t is not None for t in front["tokens"])
+
+    def _front_of(self, state: Projection, *, counted: int) -> dict[str, Any]:
+        """The front section (front.front_of) with what the checkpointer adds: counts, total, clean prefix."""
+        assert self.front_hints is not None
+        front = front_section(state, self.front_hints(), self._system.of(state), counted,
+                              self.token_total() if self.token_total is not None else None,
+                              self.view_prefix() if self.view_prefix is not None else None)
+        if "view_prefix" in front:
+            self.prefix_h = front["view_prefix"]["h"]
+        return front
 
     async def _write(self, prep: _Prepared, log: Any) -> None:
         store = self.store
@@ -523,6 +561,9 @@ class Checkpointer:
                 state_json = await dump_in_steps(prep.captured)
                 messages_json = (await dump_section(self.pager, prep.captured["messages"])
                                  if isinstance(store, FileCheckpointStore) else None)
+                if prep.front_full is not None and messages_json is None:  # (no message section: a lazy front)
+                    fields["front_json"] = json_lossless.dumps(prep.front_full)
+                prep.front_full = None
                 prep.captured = None  # (the copies of the lists are not needed any more)
                 framing = functools.partial(encode, state_json=state_json, messages_json=messages_json,
                                             **fields)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from .payload import Checkpoint, CheckpointError, dump_messages, parse_messages
 logger = logging.getLogger("context_persistent.storage.checkpoint")
 
 
-def _keeps_sections(pager: Any) -> bool:
+def keeps_sections(pager: Any) -> bool:
     """Whether ``pager`` can write and keep a message section (a file log's: refs are positions)."""
     return hasattr(pager, "seed") and not getattr(pager, "refs_are_keys", False)
 
@@ -24,7 +24,7 @@ def _keeps_sections(pager: Any) -> bool:
 async def dump_section(pager: Any, items: Any) -> list[bytes] | None:
     """The message section of a captured history (``items``: its refs) from ``pager``'s cache, or None: no
     pager that keeps one, an empty history, or a history not all in the cache (payload.dump_messages)."""
-    if not len(items) or not _keeps_sections(pager):
+    if not len(items) or not keeps_sections(pager):
         return None
     return await dump_messages(items, pager.cached, _budget(pager, len(items)))
 
@@ -40,7 +40,7 @@ def wants_section(pager: Any, cp: Checkpoint, n: int, session_id: str) -> bool:
     """Whether to read ``cp``'s message section (for a state of ``n`` messages): it has one, ``pager`` can keep
     it, and it fits the pager's budget (a budget lowered since it was written: the messages are read from the
     log, as without one)."""
-    if not cp.messages_bytes or not _keeps_sections(pager):
+    if not cp.messages_bytes or not keeps_sections(pager):
         return False
     if cp.messages_bytes > _budget(pager, n):
         logger.debug("session %s: the checkpoint's message section (%d bytes) does not fit the page cache's budget "
@@ -102,4 +102,4 @@ def seed_messages(pager: Any, refs: list[int], messages: list[Any], length: int)
     return int(pager.seed(refs, messages, length // present))
 
 
-__all__ = ["dump_section", "load_section", "section_refs", "seed_messages", "use_section", "wants_section"]
+__all__ = ["dump_section", "keeps_sections", "load_section", "section_refs", "seed_messages", "use_section", "wants_section"]
