@@ -222,3 +222,37 @@ async def test_a_repair_that_moves_a_tool_result_is_accepted(storage: Path) -> N
         await s.set_messages([*moved, synthetic])
         assert await s.get_messages() == [*moved, synthetic]
     assert [r["reason"] for r in _of(storage, "messages_replaced")] == ["host_repair"]
+
+
+async def test_the_histories_own_transcript_is_ignored_without_its_checks(storage: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual resume: the transcript holds the history's conversation messages as they are. It is ignored
+    and audited as before (the same record, the digest of the same bytes) without the per-message checks and
+    the encode they make (model/events.encode_messages: it is called for nothing else here); a transcript
+    that differs (an edit, a system message, a message in another form) still takes them."""
+    import orjson
+
+    from context_persistent.model import events as ev
+
+    plain = [m for m in HISTORY if m is not CALL]  # (CALL's None field differs from its normal form)
+    await _seed(storage, plain)
+    calls: list[int] = []
+    real = ev.encode_messages
+    monkeypatch.setattr(ev, "encode_messages", lambda messages: calls.append(len(messages)) or real(messages))
+    offered = [m for m in plain if m["role"] not in ("system", "developer")]
+    async with await _open(storage) as s:
+        await s.set_messages(offered)
+        await s.set_messages(offered[:2])  # (a turn behind)
+        assert calls == []
+        assert await s.get_messages() == plain
+        await s.set_messages([SYSTEM, *offered])  # (a system message: the whole path)
+        edited = [*offered[:1], {"role": "assistant", "content": "a1, edited"}, *offered[2:]]
+        await s.set_messages(edited)
+        assert calls == [len(offered) + 1, len(offered)]
+    ignored = _of(storage, "transcript_ignored")
+    assert [d["kind"] for d in ignored] == ["filtered_transcript"] * 3
+    payload = orjson.dumps(offered)
+    assert ignored[0]["digest"] == ev.digest(payload) and ignored[0]["bytes"] == len(payload)
+    assert ignored[0]["count"] == len(offered) and ignored[1]["count"] == 2
+    assert ignored[0]["reason"] == ignored[2]["reason"]
+    assert len(_of(storage, "transcript_edited")) == 1

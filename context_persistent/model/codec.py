@@ -68,6 +68,13 @@ def dumps(value: Any) -> bytes:
     return out
 
 
+def dumps_stored(value: Any) -> bytes:
+    """:func:`dumps` of a value equal to data the store already holds (checked when it was stored: no NaN or
+    infinity, no nesting too deep), without looking for them again: the same bytes. Raises as orjson does
+    (a lone surrogate, a subclass): the caller then takes :func:`dumps`'s path."""
+    return orjson.dumps(value, default=_refuse, option=_OPTS)
+
+
 #: The deepest nesting ``orjson.dumps`` accepts: 254 containers (255 raises "Recursion limit reached").
 ORJSON_MAX_DEPTH = 254
 #: The deepest the store ever wraps a message when it serialises it: two containers (a checkpoint's

@@ -47,6 +47,21 @@ def is_filtered_transcript(history: Any, offered: list[dict[str, Any]]) -> bool:
     return all(same_message(h, o) for h, o in zip(mine, theirs))
 
 
+def is_stored_transcript(history: Any, offered: Any) -> bool:
+    """Whether ``offered`` is a list of the history's conversation messages (no system or developer message),
+    equal to them as they are, in order, from the first: the host's transcript as the Amplifier CLI keeps it.
+    Such a transcript holds nothing the store did not check when it stored it (every message equals a stored
+    one), so the resume rule can ignore it without checking it again (store/edits.py)."""
+    if type(offered) is not list or not offered:
+        return False
+    skips = TRANSCRIPT_SKIPS
+    for m in offered:
+        if type(m) is not dict or m.get("role") in skips:
+            return False
+    mine = _conversation(history) if len(history) >= len(offered) else []
+    return len(mine) >= len(offered) and mine[:len(offered)] == offered
+
+
 def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """The history with the host's repair applied, or None if ``offered`` is not a repair of it.
 

@@ -44,6 +44,9 @@ class HistoryEdits:
     async def set_messages(self, messages: list[dict[str, Any]], reason: str | None) -> None:
         s = self._s
         s.check_writable()
+        if (reason is None and s.scanner is None and s.loaded_from_file and not s.cleared_here
+                and s.config["resume_rule"] != "strict" and await self._stored_transcript(messages)):
+            return
         if s.scanner is None:  # (the array in one encode: the resume rule only needs its bytes and digest)
             payload, secrets = ev.encode_messages(messages), None
             count = len(messages)
@@ -71,6 +74,25 @@ class HistoryEdits:
             return
         # (without a scanner the payload is the messages as given: classify those, not a parse of it)
         await self._resume_rule(count, payload, secrets, messages if s.scanner is None else None)
+
+    async def _stored_transcript(self, messages: Any) -> bool:
+        """The resume rule's usual case, decided before the transcript is checked and encoded message by
+        message: the history's own conversation messages (model/resume.is_stored_transcript), a filtered
+        transcript, ignored and audited as :meth:`_resume_rule` does. Its messages equal stored ones, so the
+        checks they passed when stored hold: one encode for the audit record's digest is all it costs. False
+        (nothing done) for anything else, which takes the whole path."""
+        from ..model.resume import FILTERED, is_stored_transcript
+
+        if not is_stored_transcript(self._s.full().messages, messages) or len(messages) >= MAX_BATCH:
+            return False
+        try:
+            payload = codec.dumps_stored(messages)
+        except (TypeError, ValueError):  # (orjson's errors: a lone surrogate, a subclass: the whole path says)
+            return False
+        self._appends.end_replay()
+        await self._ignore(len(messages), payload, FILTERED, "a filtered transcript of the history the store "
+                           "loaded from its own log, which is authoritative")
+        return True
 
     async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None,
                            given: list[dict[str, Any]] | None = None) -> None:
