@@ -122,6 +122,34 @@ async def test_a_reopened_active_segment_is_hashed_once_in_the_background(storag
     assert verify(storage / SID, SID).ok
 
 
+async def test_a_reopened_segment_far_from_its_roll_is_not_read_back(storage: Path) -> None:
+    """A writer reads a reopened active segment back (to hash and check it) only once the segment is within
+    a quarter of ``segment_bytes`` of its roll: a process that appends a turn to a long session and exits
+    (the Amplifier CLI) reads none of it; nearer the roll the catch-up starts, and the seal's hash holds."""
+    async with await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=0) as store:
+        for i in range(30):
+            await store.add_message({"role": "user", "content": f"message {i} {BODY}"})
+    prefix = (storage / SID / "events.jsonl").stat().st_size
+    store = await PersistentContextManager.open(storage_path=storage, session_id=SID, segment_bytes=prefix * 2)
+    running = store._log._hash
+    assert running is not None
+    for i in range(3):
+        await store.add_message({"role": "user", "content": f"later {i}"})
+    assert running.read_back == 0 and running._thread is None
+    i = 0
+    while store._log.size < prefix * 2 * 3 // 4:
+        await store.add_message({"role": "user", "content": f"nearer {i} {BODY}"})
+        i += 1
+    assert running._thread is not None  # (within a quarter of the roll: the prefix is being read back)
+    while not (storage / SID / MANIFEST_NAME).exists():
+        await store.add_message({"role": "user", "content": f"to the roll {i} {BODY}"})
+        i += 1
+    assert prefix <= running.read_back
+    await store.close()
+    _assert_hashes_hold(storage)
+    assert verify(storage / SID, SID).ok
+
+
 async def test_a_failed_write_leaves_the_running_hash_consistent(storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from context_persistent.errors import LogWriteError
 

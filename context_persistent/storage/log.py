@@ -69,6 +69,13 @@ def _check_not_moved(directory: Path, dir_fd: int, session_id: str, lock: FileLo
     raise FileNotFoundError(errno.ENOENT, "the session folder was moved while it was being opened", str(directory))
 
 
+#: A reopened active segment's prefix is hashed (and its records checked) in the background only once the
+#: segment is within ``segment_bytes >> CATCH_UP_SHIFT`` (a quarter) of its roll, or a roll is asked for: a
+#: process that will not roll it (the Amplifier CLI's, one per turn) never reads it back, and a seal that
+#: comes sooner (``roll()``) catches up on its own thread (running_hash.py). It was read back by every writer,
+#: 0.4-0.5 s of CPU in a thread that holds the GIL for a 50 MB segment (docs/performance.md).
+CATCH_UP_SHIFT = 2
+
 class FileEventLog:
     """The file backend of :class:`~context_persistent.storage.eventlog.EventLog`: ``<session>/events.jsonl`` and the
     sealed segments before it.
@@ -256,7 +263,9 @@ class FileEventLog:
             self._active_first = (first_seq, lines[0][-11:-3].decode())
         if self._hash is not None:  # acknowledged: the running hash takes exactly these bytes
             self._hash.wrote(start, data)
-            self._hash.start_catch_up()
+            if self._roll_next or self.segment_bytes and self.size >= self.segment_bytes - (
+                    self.segment_bytes >> CATCH_UP_SHIFT):
+                self._hash.start_catch_up()
         self.last_seq = first_seq + len(lines) - 1
         self.last_crc = data[-11:-3]  # (codec.crc_of of the last record)
         if (self._roll_next or self.segment_bytes and self.size >= self.segment_bytes) and self._roll_error is None:
@@ -267,6 +276,8 @@ class FileEventLog:
         """Seal the active segment right after the next append (``roll_on_compaction``: the manager asks this
         when it records a compaction, whose audit record goes out with the next append)."""
         self._roll_next = True
+        if self._hash is not None:
+            self._hash.start_catch_up()
 
     def _roll_after_append(self) -> None:
         """Roll once the active segment has reached ``segment_bytes``. The records are already acknowledged:

@@ -5,7 +5,8 @@ offset; reserved-tail NULs are never fed, as they are not data). A write that fa
 never fed, so the hash always covers a prefix of the acknowledged data.
 
 A segment that already held data when the writer opened it (or that an erase replaced) starts with a prefix
-nobody has hashed yet. :meth:`start_catch_up` hashes it in a background thread from a duplicate of the file
+nobody has hashed yet. :meth:`start_catch_up` (called by the writer once the segment nears its roll:
+log.py, ``CATCH_UP_SHIFT``) hashes it in a background thread from a duplicate of the file
 descriptor, in chunks, and then the bytes appended meanwhile, until it reaches the hash's own position:
 appends never wait for it. :meth:`digest` (at seal time) finishes whatever is left on the calling thread.
 While it reads that prefix back it also checks its records (each a whole line whose checksum holds, seqs
