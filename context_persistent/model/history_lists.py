@@ -193,6 +193,11 @@ class Refs(_Packed):
     def _dec(self, v: int) -> Any:
         return v if v >= 0 else self.extras[~v]
 
+    def __getitem__(self, i: Any) -> Any:
+        if type(i) is slice and not self.extras:  # (every item a ref: the ints as they are packed)
+            return self.a[i].tolist()
+        return super().__getitem__(i)
+
     def append(self, value: Any) -> None:  # (once per message of a replay: no _enc call for a ref)
         self.a.append(value if type(value) is int and value >= 0 else self._enc(value))
 
@@ -497,6 +502,8 @@ ITER_CHUNK = 1024
 
 def _resolve(items: list[Any], pager: Pager) -> list[Any]:
     """``items`` with every ref replaced by its message (read together, in runs)."""
+    if type(items) is list and set(map(type, items)) == {int}:  # (a history of refs alone: one C-level check)
+        return list(pager.fetch_many(items))
     refs = [v for v in items if type(v) is int]
     if not refs:
         return list(items)

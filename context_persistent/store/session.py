@@ -160,7 +160,7 @@ class Session:
             n = min(len(prev), len(messages))
             out = [h if h == m else copy_json(m) for h, m in zip(prev[:n], messages)] if n else []
         if len(messages) > n:
-            out += copy_json(messages[n:]) if type(messages) is list else [copy_json(m) for m in messages[n:]]
+            out += copy_json(messages[n:])  # (a slice is a list: of the dicts a paged history's pager holds)
         if appended or type(messages) is list:
             held = True
         else:  # (a paged history: in its page cache once read, while it fits the cache's budget; the newest
