@@ -215,3 +215,26 @@ def test_keep_from_makes_put_ignore_older_records(tmp_path: Path) -> None:
     reader.keep_from(0)
     reader.put(make_ref(5), {"role": "user"}, 10)
     assert make_ref(5) in reader._cache
+
+
+
+@pytest.mark.parametrize("tokens", [b"null,null,null", b"7,null,9", b"7,8,9"])
+@pytest.mark.parametrize("odd", [None, b"1.5", b"true", b"-3", b"9223372036854775808", b"1180591620717411303424"])
+def test_packed_lists_take_only_non_negative_integers(odd: bytes | None, tokens: bytes) -> None:
+    """The lists of refs and keys are packed only when they hold non-negative 64-bit integers (checked from
+    their bytes when those are digits and commas alone, else item by item); anything else (a float, a bool, a
+    negative or too large number) leaves the section parsed whole, as stored (or refused): never a changed value."""
+    from array import array
+
+    data = b'{"messages":[1048576,2097152,3145728],"keys":[1,%s,3],"tokens":[%s],"pinned":[]}' % (odd or b"2", tokens)
+    try:
+        got = cppayload.parse_state(data)
+    except cppayload.CheckpointError:
+        assert odd is not None and len(odd) > 19  # (beyond what JSON readers take: refused, never packed)
+        return
+    assert list(got["messages"]) == [1 << 20, 2 << 20, 3 << 20]
+    assert [None if t == -1 else t for t in got["tokens"]] == orjson.loads(b"[" + tokens + b"]")
+    if odd is None:
+        assert type(got["keys"]) is array and list(got["keys"]) == [1, 2, 3]
+    else:
+        assert type(got["keys"]) is list and got["keys"] == orjson.loads(b"[1,%s,3]" % odd)
