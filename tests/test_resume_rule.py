@@ -234,12 +234,13 @@ async def test_the_histories_own_transcript_is_ignored_without_its_checks(storag
 
     from context_persistent.model import events as ev
 
-    plain = [m for m in HISTORY if m is not CALL]  # (CALL's None field differs from its normal form)
+    plain = [m for m in HISTORY if m is not CALL] + [CALL]  # (CALL's None field: offered in its normal form)
     await _seed(storage, plain)
     calls: list[int] = []
     real = ev.encode_messages
     monkeypatch.setattr(ev, "encode_messages", lambda messages: calls.append(len(messages)) or real(messages))
-    offered = [m for m in plain if m["role"] not in ("system", "developer")]
+    offered = _transcript(plain)
+    assert offered[-1] != CALL  # (the CLI's form of it: no None field)
     async with await _open(storage) as s:
         await s.set_messages(offered)
         await s.set_messages(offered[:2])  # (a turn behind)
@@ -248,7 +249,10 @@ async def test_the_histories_own_transcript_is_ignored_without_its_checks(storag
         await s.set_messages([SYSTEM, *offered])  # (a system message: the whole path)
         edited = [*offered[:1], {"role": "assistant", "content": "a1, edited"}, *offered[2:]]
         await s.set_messages(edited)
-        assert calls == [len(offered) + 1, len(offered)]
+        blocks = {**CALL, "content_blocks": [{"n": float("nan")}]}  # (differs in what normalise drops)
+        with pytest.raises(ValueError, match="NaN"):  # (the whole path: its checks refuse the NaN)
+            await s.set_messages([*offered[:-1], blocks])
+        assert calls == [len(offered) + 1, len(offered), len(offered)]
     ignored = _of(storage, "transcript_ignored")
     assert [d["kind"] for d in ignored] == ["filtered_transcript"] * 3
     payload = orjson.dumps(offered)

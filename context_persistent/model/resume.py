@@ -49,9 +49,11 @@ def is_filtered_transcript(history: Any, offered: list[dict[str, Any]]) -> bool:
 
 def is_stored_transcript(history: Any, offered: Any) -> bool:
     """Whether ``offered`` is a list of the history's conversation messages (no system or developer message),
-    equal to them as they are, in order, from the first: the host's transcript as the Amplifier CLI keeps it.
+    each equal to the stored one as it is or to its normal form (replay.normalise: what the Amplifier CLI's
+    ``transcript.jsonl`` holds of a message), in order, from the first: the host's transcript of the history.
     Such a transcript holds nothing the store did not check when it stored it (every message equals a stored
-    one), so the resume rule can ignore it without checking it again (store/edits.py)."""
+    one, or the same less some of its keys), so the resume rule can ignore it without checking it again
+    (store/edits.py)."""
     if type(offered) is not list or not offered:
         return False
     skips = TRANSCRIPT_SKIPS
@@ -59,7 +61,12 @@ def is_stored_transcript(history: Any, offered: Any) -> bool:
         if type(m) is not dict or m.get("role") in skips:
             return False
     mine = _conversation(history) if len(history) >= len(offered) else []
-    return len(mine) >= len(offered) and mine[:len(offered)] == offered
+    if len(mine) < len(offered):
+        return False
+    del mine[len(offered):]
+    if mine == offered:  # (compared in C: the usual case)
+        return True
+    return all(o == h or o == normalise(h) for h, o in zip(mine, offered))
 
 
 def merge_repair(history: Any, offered: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
