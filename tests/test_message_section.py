@@ -192,6 +192,27 @@ async def test_a_section_that_does_not_match_its_state_is_refused(storage: Path)
         assert "items for a state of" in (store._checkpoints.ignored or "")
 
 
+async def test_a_whole_front_with_a_damaged_state_section_replays_the_log(storage: Path) -> None:
+    """A whole front (layout 6) whose state section fails its checksum: the open reads the history from the log
+    (neither section is used), says why and removes the checkpoint, as a lazy open does."""
+    await _session(storage)
+    path = storage / S / CHECKPOINT_NAME
+    data = bytearray(path.read_bytes())
+    assert is_whole(decode(bytes(data)).front)
+    head = _head(path)
+    state_at = data.index(b"\n") + 1 + head["front_bytes"] + 1 + 9
+    data[state_at + head["state_bytes"] // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    async with await _open(storage) as store:
+        assert not store._state.is_lazy
+        assert await store.get_messages() == _fold(storage)
+        assert (store._checkpoints.ignored or "").startswith("state section:")
+        assert store._checkpoints.section_messages == 0
+    assert not path.exists()
+    async with await _open(storage) as store:
+        assert await store.get_messages() == _fold(storage) and store._checkpoints.ignored is None
+
+
 async def test_erase_leaves_no_copy_in_any_checkpoint_file(storage: Path) -> None:
     await _session(storage, secret_at=40)
     folder = storage / S
