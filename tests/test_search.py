@@ -134,6 +134,19 @@ async def test_the_writer_keeps_the_index_current_off_the_request_path(storage: 
     assert _contents(storage) == await _rebuilt(storage)
 
 
+async def test_a_closed_store_leaves_no_write_ahead_log_behind(storage: Path) -> None:
+    """Once a store's close has waited for the writer's thread and nothing else waits, the thread's SQLite
+    connection is closed: its write-ahead log is checkpointed and removed. A process that exits right after (a
+    CLI turn) so leaves none for the next one to recover and append to (it grew by every turn's pages)."""
+    wal = Path(f"{index_path(storage)}-wal")
+    for turn in range(3):
+        async with await PersistentContextManager.open(storage_path=storage, session_id="w") as store:
+            await store.add_message({"role": "user", "content": f"turn {turn} about herons"})
+            await store.add_message({"role": "assistant", "content": "herons wade"})
+        assert index_path(storage).exists() and not wal.exists(), turn
+    assert len(await search(storage, "herons", catch_up=False)) == 6
+
+
 async def test_erased_redacted_and_trashed_text_leaves_the_index_files(storage: Path) -> None:
     """An erased, a redacted and a trashed message are found by no search and their words are in no byte of
     the index's files (the database, its write-ahead log, its shared memory), while other text stays."""

@@ -4,6 +4,12 @@
 a copy of the history's keys: a memcpy). The thread reads the new records from the log, as any reader would, in
 its own event loop and with its own connection to the index; ``flush`` (at close) waits for a session's work.
 A failure is logged and retried at the next notification: the log is the truth, the index catches up.
+
+The SQLite connection is closed when the thread has done a flushed session's work and nothing else waits (the
+next notification opens it again): a closed SQLite connection checkpoints its write-ahead log and removes it. A
+process that exits with it open (a CLI turn ends right after its store's close; the thread is a daemon) leaves
+the log to the next one, which reads all of it to recover and then appends to it: it grew by every turn's pages
+and every process paid for reading it (#23).
 """
 
 from __future__ import annotations
@@ -117,6 +123,10 @@ class BackgroundIndexer:
                 try:
                     loop.run_until_complete(catch_up_session(index, sid, snapshot=snapshot))
                     self.errors.pop(sid, None)
+                    with self._cond:
+                        idle = sid in self._urgent and not self._pending
+                    if idle and isinstance(index, SqliteIndex):  # (a store's close waits: see the docstring)
+                        index.close()
                 except Exception as e:
                     self.errors[sid] = str(e)
                     logger.warning("search index: could not index session %s (%s); a later append or search "
