@@ -15,6 +15,7 @@ and every process paid for reading it (#23).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -66,6 +67,8 @@ class BackgroundIndexer:
         self._last = 0.0  # (monotonic time of the last notification)
         self._since = 0.0  # (when the oldest pending work arrived)
         self._urgent: set[str] = set()  # (sessions a flush waits for: no quiet period)
+        #: The callbacks of the coroutines ``wait`` suspended, by session: called when its work is done.
+        self._waiters: dict[str, list[Callable[[], None]]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.errors: dict[str, str] = {}
@@ -97,6 +100,36 @@ class BackgroundIndexer:
                 self._cond.wait(left)
             self._urgent.discard(sid)
         return True
+
+    async def wait(self, sid: str, timeout: float = 30.0) -> bool:
+        """``flush`` for a coroutine: the same wait, on the event loop rather than on a thread of its executor
+        (a CLI turn's close would start that executor, and its shutdown at exit, for this one wait)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:  # (called on the indexer's thread, with the condition held)
+            with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody waits any more)
+                loop.call_soon_threadsafe(_settle, done)
+
+        with self._cond:
+            if sid not in self._pending and self._running != sid:
+                return True
+            self._urgent.add(sid)
+            self._waiters.setdefault(sid, []).append(wake)
+            self._cond.notify_all()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._cond:
+                waiters = self._waiters.get(sid, [])
+                if wake in waiters:
+                    waiters.remove(wake)
+                if not waiters:
+                    self._waiters.pop(sid, None)
+                    self._urgent.discard(sid)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -135,7 +168,15 @@ class BackgroundIndexer:
                 finally:
                     with self._cond:
                         self._running = None
+                        if sid not in self._pending:
+                            for wake in self._waiters.pop(sid, ()):
+                                wake()
                         self._cond.notify_all()
         finally:
             loop.run_until_complete(index.aclose())
             loop.close()
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
