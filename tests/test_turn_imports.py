@@ -91,3 +91,23 @@ def test_a_turn_of_ascii_text_compiles_no_search_pattern(turn: dict) -> None:
     language's patterns for the first query: the indexer of an ASCII turn compiles neither."""
     assert turn["cjk"] == 0
     assert turn["query_patterns"] == 0
+
+
+def test_opening_a_store_leaves_the_indexing_modules_to_the_writers_thread(tmp_path: Path) -> None:
+    """The indexing side (and sqlite3) is imported by the search index's thread when the first append starts
+    it, not by the open in the caller's thread (where the host's turn waits for it)."""
+    code = ("import asyncio, sys\n"
+            "from context_persistent import PersistentContextManager\n"
+            "async def main():\n"
+            "    store = await PersistentContextManager.open(storage_path=sys.argv[1], session_id='s')\n"
+            "    loaded = sorted(m for m in sys.modules if m == 'sqlite3' or m.startswith('context_persistent.op'))\n"
+            "    await store.close()\n"
+            "    print(' '.join(loaded))\n"
+            "asyncio.run(main())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")], capture_output=True, text=True,
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = set(proc.stdout.split())
+    assert "context_persistent.operations.search.background" in loaded  # (the store has an indexer)
+    assert not loaded & {"sqlite3", "context_persistent.operations.search.indexer",
+                         "context_persistent.operations.search.sqlite_index"}

@@ -10,6 +10,10 @@ next notification opens it again): a closed SQLite connection checkpoints its wr
 process that exits with it open (a CLI turn ends right after its store's close; the thread is a daemon) leaves
 the log to the next one, which reads all of it to recover and then appends to it: it grew by every turn's pages
 and every process paid for reading it (#23).
+
+The indexing side (``indexer``, ``fold``, ``sqlite_index`` with ``sqlite3``, ``text``) is imported by the thread
+when it starts, at the first append: a store that is opened and appended to loads only this module on its own
+thread, and the imports run while that thread waits for the fsyncs and the model's reply (#23).
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .indexer import Snapshot, catch_up_session
-from .sqlite_index import SqliteIndex
+from .snapshot import Snapshot
 
 logger = logging.getLogger("context_persistent")
 #: The thread waits for this long without a notification before it catches up (a burst of appends is indexed
@@ -51,7 +54,13 @@ class BackgroundIndexer:
     @classmethod
     def for_storage(cls, storage: Path) -> BackgroundIndexer:
         key = Path(storage).resolve()
-        return cls._for(key, lambda: SqliteIndex(key))
+
+        def make_index() -> Any:  # (on the thread: the index's modules and sqlite3 load there, not in the turn)
+            from .sqlite_index import SqliteIndex
+
+            return SqliteIndex(key)
+
+        return cls._for(key, make_index)
 
     @classmethod
     def for_postgres(cls, dsn: str, schema: str) -> BackgroundIndexer:
@@ -132,6 +141,9 @@ class BackgroundIndexer:
                     self._urgent.discard(sid)
 
     def _run(self) -> None:
+        from .indexer import catch_up_session  # (loaded here, on the thread: see the docstring)
+        from .sqlite_index import SqliteIndex
+
         loop = asyncio.new_event_loop()
         index = self._make_index()
         try:
