@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +193,7 @@ async def test_amplifier_cores_validation_with_the_mount_plans_storage_is_epheme
     # (the kernel's load-time check in every CLI process calls no method: its throwaway store syncs and indexes
     # nothing, #23)
     assert len(opened) == 1 and opened[0]["fsync"] == "never" and opened[0]["search_index"] is False
+    scratch = Path("/dev/shm")  # (a memory file system, where there is one: the creation's syncs cost nothing)
+    if scratch.is_dir() and os.access(scratch, os.W_OK | os.X_OK):
+        assert Path(str(opened[0]["storage_path"])).parent == scratch
+    assert not Path(str(opened[0]["storage_path"])).exists()  # (deleted at the cleanup)

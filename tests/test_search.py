@@ -3,6 +3,7 @@ operations, never shows (nor keeps in its files) what the log no longer shows, a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import sqlite3
@@ -331,3 +332,27 @@ async def test_a_read_only_storage_folder_is_searched(storage: Path) -> None:
         assert [r["session_id"] for r in await list_sessions(storage)] == ["ro"]
     finally:
         os.chmod(storage, 0o700)
+
+
+async def test_a_closed_store_leaves_no_write_ahead_log_behind(storage: Path) -> None:
+    """Once a store's close has waited for the writer's thread and nothing else waits, the thread's SQLite
+    connection is closed: its write-ahead log is checkpointed and removed. A process that exits right after (a
+    CLI turn) so leaves none for the next one to recover and append to (it grew by every turn's pages)."""
+    wal = Path(f"{index_path(storage)}-wal")
+    for turn in range(3):
+        async with await PersistentContextManager.open(storage_path=storage, session_id="w") as store:
+            await store.add_message({"role": "user", "content": f"turn {turn} about herons"})
+            await store.add_message({"role": "assistant", "content": "herons wade"})
+        assert index_path(storage).exists() and not wal.exists(), turn
+    assert len(await search(storage, "herons", catch_up=False)) == 6
+
+
+async def test_a_close_waits_for_the_writers_thread_on_the_event_loop(storage: Path) -> None:
+    """The close waits for the session's indexing without a thread of the event loop's executor (which it would
+    start, with its shutdown at the loop's end, for that one wait: in every CLI turn)."""
+    loop = asyncio.get_running_loop()
+    assert getattr(loop, "_default_executor", None) is None
+    async with await PersistentContextManager.open(storage_path=storage, session_id="w") as store:
+        await store.add_message({"role": "user", "content": "about egrets"})
+    assert getattr(loop, "_default_executor", None) is None
+    assert len(await search(storage, "egrets", catch_up=False)) == 1

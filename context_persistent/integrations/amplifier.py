@@ -56,6 +56,22 @@ def _validating() -> bool:
     return False
 
 
+#: Where the kernel's load-time validation mount puts its throwaway store when it can: a memory file system, where
+#: the new session's synced creation costs nothing (the store is deleted at cleanup; every CLI process makes one).
+SCRATCH = Path("/dev/shm")
+
+
+def _scratch_folder(validating: bool) -> Path:
+    """A new private folder (0700) for an ephemeral store: under SCRATCH for the kernel's validation where it is
+    a writable folder, else in the system's temporary folder."""
+    if validating and SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK | os.X_OK):
+        try:
+            return Path(tempfile.mkdtemp(prefix="context-persistent-validate-", dir=SCRATCH))
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))
+
+
 def storage_from(config: dict[str, Any]) -> Path:
     """``config["storage_path"]`` > ``$CONTEXT_PERSISTENT_DIR`` > ``~/.amplifier/context``."""
     return storage_source(config)[0]
@@ -86,16 +102,17 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Any:
     if not session_id:
         raise ValueError("context-persistent needs a session id: config['session_id'] or coordinator.session_id")
     ephemeral: Path | None = None
-    if is_validator(coordinator) and (_validating() or not any(config.get(k) for k in ("storage_path", "backend",
-                                                                                      "dsn"))):
+    validating = _validating()
+    if is_validator(coordinator) and (validating or not any(config.get(k) for k in ("storage_path", "backend",
+                                                                                    "dsn"))):
         # A validator run (amplifier_core's validation, which passes the mount plan's config, or the test
         # coordinator with no storage configured) is not a session: give it a private store that the cleanup
         # deletes, so it leaves nothing in the storage and takes no lock another process could collide with. The
         # test coordinator given a storage by anything else is an app's own test: it persists there.
-        ephemeral = Path(tempfile.mkdtemp(prefix="context-persistent-validate-"))  # (created 0700)
+        ephemeral = _scratch_folder(validating)  # (created 0700)
         for key in ("backend", "dsn", "pg_schema"):
             config.pop(key, None)
-        if _validating():  # (the kernel's load-time check, in every CLI process: it calls no method; #23)
+        if validating:  # (the kernel's load-time check, in every CLI process: it calls no method; #23)
             config.update(fsync="never", search_index=False)
         logger.info("context-persistent: mounted by amplifier_core's test coordinator; using the ephemeral "
                     "store %s (deleted at cleanup)", ephemeral)

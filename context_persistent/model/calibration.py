@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import truediv
-from statistics import median
 from typing import Any, Final
 
 from .usage import request_tokens
@@ -124,6 +123,8 @@ def fit(points: list[tuple[int, int]], prior: Prior, carried_overhead: int = 0, 
                 break
             slopes += [(rj - ri) / (ej - ei) for ej, rj in zip(es[j:], rs[j:])]
     if slopes:
+        from statistics import median  # (loaded by the first fit: the host's turn need not import it, #23)
+
         raised = median(slopes) * (1 + MARGIN)
     else:
         raised = prior.slope * (1 + MARGIN) if prior.upper else ratio

@@ -8,7 +8,6 @@ ValueError naming what is allowed.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib.util
 import logging
@@ -114,6 +113,8 @@ def _ranks(path: Path, expected: str, name: str, package: str) -> dict[bytes, in
 
     raw = path.read_bytes()
     if path.suffix == ".gz":
+        import gzip  # (here, not at the top: only a gzipped ranks file needs it, and every process imports this module)
+
         raw = gzip.decompress(raw)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != expected:

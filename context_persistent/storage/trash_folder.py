@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from ..errors import SessionTrashedError
-from ..model.retention import ENTRY_SEP
 
 #: The folder of the ledger and the trash, inside the storage root (a leading dot: never a session id).
 RETENTION_DIR = ".retention"
@@ -32,6 +31,8 @@ def entries_for(storage: Path, session_id: str) -> list[str]:
         names = os.listdir(trash)
     except FileNotFoundError:
         return []
+    from ..model.retention import ENTRY_SEP  # (only where a trash exists: every new session's open checks, #23)
+
     prefix = session_id + ENTRY_SEP
     found = [n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()]
     return sorted(found, key=lambda n: int(n.rsplit(ENTRY_SEP, 1)[1]))

@@ -204,7 +204,10 @@ class HistoryEdits:
     async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
         info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
         logger.info("session %s: set_messages with %d messages ignored (%s)", self._s.session_id, count, reason)
-        await self._writer.commit(ev.TRANSCRIPT_IGNORED, info)
+        # An audit record that changes no view: it rides with the next append (or the close) like a request
+        # view's, instead of costing a resumed CLI turn a sync of its own (#23).
+        self._s.check_writable()
+        self._writer.defer(ev.TRANSCRIPT_IGNORED, info)
         await self._s.emit(EVENT_TRANSCRIPT_IGNORED, dict(info))
 
     def _redact_all(self, messages: list[dict[str, Any]], parts: list[bytes]

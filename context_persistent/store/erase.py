@@ -79,7 +79,7 @@ class Eraser:
             await asyncio.shield(checkpoints._task)
         s.full()  # nothing may be read from the old checkpoint after it is deleted
         if s.indexer is not None:  # (the search index's thread must not index the old log after it is emptied)
-            await asyncio.to_thread(s.indexer.flush, s.session_id)
+            await s.indexer.wait(s.session_id)
         if isinstance(s.log, FileEventLog):
             from ..operations.search.erasing import erasing
 

@@ -4,7 +4,6 @@ released."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable
@@ -103,7 +102,7 @@ class Lifecycle:
         try:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
             if s.indexer is not None:  # (the search index's thread: the session's pending catch-up, bounded)
-                await asyncio.to_thread(s.indexer.flush, s.session_id)
+                await s.indexer.wait(s.session_id)
         finally:
             await s.log.close()
             if s.pager is not None:

@@ -222,7 +222,7 @@ class Writer:
     def _notify_index(self) -> None:
         """Hand the search index's thread the session (and, after a change of the history, its keys: a copy of
         the packed array; not for a history still lazy, whose keys the thread folds from the log instead)."""
-        from ..operations.search.indexer import keys_snapshot
+        from ..operations.search.snapshot import keys_snapshot
 
         s = self._s
         snapshot = None

@@ -14,10 +14,29 @@ Modules: ``text`` (what a message contributes, the query language; pure), ``fold
 its log), ``sqlite_index`` (the embedded FTS5 index), ``indexer`` (catching up, rebuilding, forgetting),
 ``erasing`` (the index's part in an erasure), ``background`` (the writer's thread), ``api`` (``search``,
 ``list_sessions``).
+
+The names below load ``api`` on first use: the writer's thread (``background``, started by every store that
+appends) imports the package for ``indexer`` alone, and a CLI turn need not pay for the query side (#23).
 """
 
-from .api import RANK_WINDOW, SearchHit, SearchResults, list_sessions, parse_since, rebuild_index, search
-from .text import QueryError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import RANK_WINDOW, SearchHit, SearchResults, list_sessions, parse_since, rebuild_index, search
+    from .text import QueryError
 
 __all__ = ["RANK_WINDOW", "QueryError", "SearchHit", "SearchResults", "list_sessions", "parse_since",
            "rebuild_index", "search"]
+_HOME = {name: ".text" if name == "QueryError" else ".api" for name in __all__}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value

@@ -4,11 +4,22 @@
 a copy of the history's keys: a memcpy). The thread reads the new records from the log, as any reader would, in
 its own event loop and with its own connection to the index; ``flush`` (at close) waits for a session's work.
 A failure is logged and retried at the next notification: the log is the truth, the index catches up.
+
+The SQLite connection is closed when the thread has done a flushed session's work and nothing else waits (the
+next notification opens it again): a closed SQLite connection checkpoints its write-ahead log and removes it. A
+process that exits with it open (a CLI turn ends right after its store's close; the thread is a daemon) leaves
+the log to the next one, which reads all of it to recover and then appends to it: it grew by every turn's pages
+and every process paid for reading it (#23).
+
+The indexing side (``indexer``, ``fold``, ``sqlite_index`` with ``sqlite3``, ``text``) is imported by the thread
+when it starts, at the first append: a store that is opened and appended to loads only this module on its own
+thread, and the imports run while that thread waits for the fsyncs and the model's reply (#23).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -16,8 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .indexer import Snapshot, catch_up_session
-from .sqlite_index import SqliteIndex
+from .snapshot import Snapshot
 
 logger = logging.getLogger("context_persistent")
 #: The thread waits for this long without a notification before it catches up (a burst of appends is indexed
@@ -44,7 +54,13 @@ class BackgroundIndexer:
     @classmethod
     def for_storage(cls, storage: Path) -> BackgroundIndexer:
         key = Path(storage).resolve()
-        return cls._for(key, lambda: SqliteIndex(key))
+
+        def make_index() -> Any:  # (on the thread: the index's modules and sqlite3 load there, not in the turn)
+            from .sqlite_index import SqliteIndex
+
+            return SqliteIndex(key)
+
+        return cls._for(key, make_index)
 
     @classmethod
     def for_postgres(cls, dsn: str, schema: str) -> BackgroundIndexer:
@@ -60,6 +76,8 @@ class BackgroundIndexer:
         self._last = 0.0  # (monotonic time of the last notification)
         self._since = 0.0  # (when the oldest pending work arrived)
         self._urgent: set[str] = set()  # (sessions a flush waits for: no quiet period)
+        #: The callbacks of the coroutines ``wait`` suspended, by session: called when its work is done.
+        self._waiters: dict[str, list[Callable[[], None]]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.errors: dict[str, str] = {}
@@ -92,7 +110,40 @@ class BackgroundIndexer:
             self._urgent.discard(sid)
         return True
 
+    async def wait(self, sid: str, timeout: float = 30.0) -> bool:
+        """``flush`` for a coroutine: the same wait, on the event loop rather than on a thread of its executor
+        (a CLI turn's close would start that executor, and its shutdown at exit, for this one wait)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:  # (called on the indexer's thread, with the condition held)
+            with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody waits any more)
+                loop.call_soon_threadsafe(_settle, done)
+
+        with self._cond:
+            if sid not in self._pending and self._running != sid:
+                return True
+            self._urgent.add(sid)
+            self._waiters.setdefault(sid, []).append(wake)
+            self._cond.notify_all()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._cond:
+                waiters = self._waiters.get(sid, [])
+                if wake in waiters:
+                    waiters.remove(wake)
+                if not waiters:
+                    self._waiters.pop(sid, None)
+                    self._urgent.discard(sid)
+
     def _run(self) -> None:
+        from .indexer import catch_up_session  # (loaded here, on the thread: see the docstring)
+        from .sqlite_index import SqliteIndex
+
         loop = asyncio.new_event_loop()
         index = self._make_index()
         try:
@@ -117,6 +168,10 @@ class BackgroundIndexer:
                 try:
                     loop.run_until_complete(catch_up_session(index, sid, snapshot=snapshot))
                     self.errors.pop(sid, None)
+                    with self._cond:
+                        idle = sid in self._urgent and not self._pending
+                    if idle and isinstance(index, SqliteIndex):  # (a store's close waits: see the docstring)
+                        index.close()
                 except Exception as e:
                     self.errors[sid] = str(e)
                     logger.warning("search index: could not index session %s (%s); a later append or search "
@@ -125,7 +180,15 @@ class BackgroundIndexer:
                 finally:
                     with self._cond:
                         self._running = None
+                        if sid not in self._pending:
+                            for wake in self._waiters.pop(sid, ()):
+                                wake()
                         self._cond.notify_all()
         finally:
             loop.run_until_complete(index.aclose())
             loop.close()
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

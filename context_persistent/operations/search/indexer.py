@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import time
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ...storage.lockfile import pid_alive
 from .fold import APPEND_TYPES, REINDEX_TYPES, docs_of, fold, hidden, positioned, redacted_key, slots
 from .file_listing import file_sessions, signature
 from .sqlite_index import SqliteIndex, discard, index_path, storage_lock, title_of
+from .snapshot import Snapshot, keys_snapshot  # (re-exported: the writer's side)
 from .text import fingerprint
 
 logger = logging.getLogger("context_persistent")
@@ -38,14 +38,6 @@ ERASE_STALE_SECONDS = 600.0
 
 class _Reindex(Exception):
     """The records after the anchor hold one of fold.REINDEX_TYPES: index the session again."""
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """The history's keys right after record ``seq`` (the writer's state, handed over with a notification)."""
-
-    seq: int
-    keys: Any
 
 
 @dataclass(slots=True)
@@ -291,11 +283,6 @@ async def rebuild_pg(dsn: str, schema: str | None) -> list[Outcome]:
             return outcomes
     finally:
         await index.aclose()
-
-
-def keys_snapshot(seq: int, keys: Any) -> Snapshot:
-    """A copy of the history's keys (a packed array: a memcpy) to hand to the indexer."""
-    return Snapshot(seq, array("q", keys) if not isinstance(keys, array) else keys[:])
 
 
 __all__ = ["Outcome", "Snapshot", "catch_up", "catch_up_session", "catch_up_storage", "file_sessions", "forget",

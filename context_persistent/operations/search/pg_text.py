@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .text import _CJK, _TOKEN, COLUMNS, MARK_CLOSE, MARK_OPEN, QueryError, translate
+from .text import COLUMNS, MARK_CLOSE, MARK_OPEN, QueryError, cjk, query_patterns, translate
 
 _WORD = re.compile(r"[^\W_]+")
 MAX_POS = 16383
@@ -39,11 +39,11 @@ def spans(text: str) -> Iterator[tuple[int, int, str]]:
     """``(start, end, word)`` of every word of ``text``, folded; CJK characters one word each."""
     for m in _WORD.finditer(text):
         run = m.group()
-        if _CJK.search(run) is None:
+        if run.isascii() or cjk().search(run) is None:
             yield m.start(), m.end(), _fold(run)
             continue
         base, at = m.start(), 0
-        for c in _CJK.finditer(run):
+        for c in cjk().finditer(run):
             if c.start() > at:
                 yield base + at, base + c.start(), _fold(run[at:c.start()])
             yield base + c.start(), base + c.end(), c.group()
@@ -106,7 +106,7 @@ class _Parser:
     def __init__(self, query: str) -> None:
         translate(query)  # (the same checks and errors as the SQLite index: length, NUL, quotes, columns)
         self.query = query
-        self.toks = _TOKEN.findall(query)
+        self.toks = query_patterns()[0].findall(query)
         self.i = 0
 
     def peek(self) -> str | None:

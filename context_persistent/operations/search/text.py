@@ -11,6 +11,7 @@ parts instead of being an error.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any
@@ -24,17 +25,24 @@ MAX_TEXT = 1 << 20
 #: The invisible separator put between the characters of scripts written without spaces.
 SEP = "\u2063"
 #: Characters cut into one token each: CJK ideographs, kana, Hangul syllables.
-_CJK = re.compile("([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f])")
+_CJK_CLASS = "([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f])"
 #: Marks around a match in a snippet (replaced by the caller's marks: brackets, or bold on a terminal).
 MARK_OPEN, MARK_CLOSE = "\x02", "\x03"
 MAX_QUERY = 4096
 
 
+@functools.cache
+def cjk() -> re.Pattern[str]:
+    """The pattern of one CJK character, compiled on first use: its character set takes ~4 ms to compile, which
+    a process whose texts are all ASCII (the writer's indexer after a turn, #23) never needs to pay."""
+    return re.compile(_CJK_CLASS)
+
+
 def segment(text: str) -> str:
     """``text`` with a separator around each CJK character (a no-op for other scripts)."""
-    if not _CJK.search(text):
+    if text.isascii() or not cjk().search(text):
         return text
-    return _CJK.sub(SEP + r"\1" + SEP, text)
+    return cjk().sub(SEP + r"\1" + SEP, text)
 
 
 def unsegment(text: str) -> str:
@@ -128,11 +136,17 @@ def fingerprint(message: Any) -> bytes:
 
 # -- the query language ---------------------------------------------------------------------------------
 _OPERATORS = frozenset({"AND", "OR", "NOT"})
-#: A run that is one unit of the query: a quoted string, a parenthesis, or anything up to whitespace.
-_TOKEN = re.compile(r'-?\{[^}]*\}:[^\s(),"]*|"(?:[^"]|"")*"?|[(),]|[^\s(),"]+')
-_BARE = re.compile(r"[\w\u0080-\U0010ffff\x1a]+\*?", re.UNICODE)
-_COLUMN = re.compile(r"^(-?)(\{[a-z ]*\}|[a-z]+):(.*)$", re.S)
 COLUMNS = ("body", "tools")
+
+
+@functools.cache
+def query_patterns() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """``(token, bare, column)``, compiled when the first query is parsed (not by the writer's indexer):
+    ``token`` is a run that is one unit of the query (a quoted string, a parenthesis, or anything up to
+    whitespace), ``bare`` a word that needs no quoting, ``column`` a column filter."""
+    return (re.compile(r'-?\{[^}]*\}:[^\s(),"]*|"(?:[^"]|"")*"?|[(),]|[^\s(),"]+'),
+            re.compile(r"[\w\u0080-\U0010ffff\x1a]+\*?", re.UNICODE),
+            re.compile(r"^(-?)(\{[a-z ]*\}|[a-z]+):(.*)$", re.S))
 
 
 class QueryError(ValueError):
@@ -158,7 +172,7 @@ def translate(query: str) -> str:
     if not query.strip():
         raise QueryError("the query is empty; give words to search for (docs/search.md)")
     out: list[str] = []
-    for tok in _TOKEN.findall(query):
+    for tok in query_patterns()[0].findall(query):
         if tok.startswith('"'):
             if len(tok) < 2 or not tok.endswith('"') or tok.endswith('""') and len(tok) % 2:
                 raise QueryError(f"unbalanced double quote in {query!r}")
@@ -171,7 +185,8 @@ def translate(query: str) -> str:
 
 
 def _word(tok: str) -> str:
-    m = _COLUMN.match(tok)
+    _, bare, column = query_patterns()
+    m = column.match(tok)
     if m is not None and (m.group(2).startswith("{") or m.group(2) in COLUMNS):
         names = m.group(2).strip("{}").split()
         unknown = [n for n in names if n not in COLUMNS]
@@ -179,7 +194,7 @@ def _word(tok: str) -> str:
             raise QueryError(f"unknown column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
         rest = m.group(3)
         return f"{m.group(1)}{m.group(2)}:" + (_word(rest) if rest else "")
-    if _BARE.fullmatch(tok):
+    if bare.fullmatch(tok):
         return segment(tok)
     star = tok.endswith("*") and len(tok) > 1
     parts = [p for p in re.split(r"[^\w\u0080-\U0010ffff]+", tok[:-1] if star else tok) if p]
