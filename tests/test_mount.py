@@ -197,3 +197,18 @@ async def test_amplifier_cores_validation_with_the_mount_plans_storage_is_epheme
     if scratch.is_dir() and os.access(scratch, os.W_OK | os.X_OK):
         assert Path(str(opened[0]["storage_path"])).parent == scratch
     assert not Path(str(opened[0]["storage_path"])).exists()  # (deleted at the cleanup)
+
+
+async def test_validation_through_a_wrapper_module_is_ephemeral_too(tmp_path: Path) -> None:
+    """A wrapper module between amplifier_core's validation and this mount (the benchmark's ``context-timed``,
+    which mounts the inner module with a coordinator of its own) hides the test coordinator's class: the
+    validation is still recognised, by its frames, and writes nothing to the configured storage (it used to
+    open a real ``test-session`` there, synced, in every CLI process)."""
+    from amplifier_core.validation import ContextValidator
+
+    wrapper = Path(__file__).parent / "amplifier_host" / "modules" / "context-timed" / "amplifier_module_context_timed"
+    storage = tmp_path / "cfg"
+    result = await ContextValidator().validate(str(wrapper), config={
+        "inner": "context-persistent", "inner_config": {"storage_path": str(storage)}})
+    assert result.passed, result
+    assert not storage.exists() or not any(storage.iterdir())
