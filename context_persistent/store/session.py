@@ -96,6 +96,9 @@ class Session:
         self.handed_mark: tuple[int, int] | None = None
         #: Up to how many messages the handed-out dicts are kept without looking at the memory again.
         self.handed_limit = 0
+        #: The Amplifier mount (HostContext): a request view takes the dicts ``get_messages()`` hands out for
+        #: the history's messages it holds unchanged, instead of copying them again (view_copy).
+        self.share_views = False
         if config.get("search_index", True) and not log.readonly:
             from ..operations.search.background import BackgroundIndexer
 
@@ -169,6 +172,43 @@ class Session:
             self.handed_limit = len(messages) + len(messages) // 4 + 64
         self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
         return out.copy() if held else out
+
+    def view_copy(self, out: list[dict[str, Any]], history: Any, start: int = 0) -> list[dict[str, Any]]:
+        """A request view's messages ``out`` (built from ``history``) made the caller's: copies, so nothing a
+        caller does to a view reaches the stored history. With ``share_views`` (the Amplifier mount) a message
+        of ``history`` the view holds as it is (the same dict) is the copy ``get_messages()`` hands out for
+        its place (made here first when none is held), so a turn copies the history once; messages the build
+        made (compaction, repairs, a system prompt) are copied. ``history`` is the list the build read: the
+        history's messages from ``start`` on (anything else than a list: copied)."""
+        from ..model.events import copy_json, gc_paused
+
+        if not self.share_views or type(history) is not list or not out:
+            return copy_json(out)
+        mark = (id(self.state), self.epoch)
+        if self.handed_mark != mark or len(self.handed_out) != start + len(history):
+            self.history_copy(shared=True)  # (the host asks for them after the turn: made once, here)
+            if self.handed_mark != mark or len(self.handed_out) != start + len(history):
+                return copy_json(out)  # (not held: a paged history beyond the page cache's budget)
+        shared = self.handed_out
+        n = len(history)
+        where: dict[int, int] | None = None
+        j = 0
+        with gc_paused():
+            view = []
+            for m in out:
+                if j < n and history[j] is m:
+                    view.append(shared[start + j])
+                    j += 1
+                    continue
+                if where is None:
+                    where = {id(h): i for i, h in enumerate(history)}
+                i = where.get(id(m))
+                if i is None:
+                    view.append(copy_json(m))
+                else:
+                    view.append(shared[start + i])
+                    j = i + 1
+            return view
 
     async def iter_messages(self, chunk: int) -> AsyncIterator[dict[str, Any]]:
         """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
