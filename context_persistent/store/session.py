@@ -144,9 +144,51 @@ class Session:
         every time."""
         from ..model.events import gc_paused
 
-        messages: Any = self.full().messages
+        checkpoints = self.checkpoints
+        # (the first call of a lazily opened history: the message section's messages are parsed for the caller
+        # and seeded in the page cache only when it is next used: no copy of them here; _handed)
+        checkpoints.hand_off = not shared and self.state.is_lazy and self.pager is not None
+        try:
+            messages: Any = self.full().messages
+        finally:
+            checkpoints.hand_off = False
+        handed, checkpoints.handed = checkpoints.handed, None
         with gc_paused():  # (up to a whole history of new dicts: docs/performance.md)
+            if handed is not None and handed[1] is not None:
+                out = self._handed(messages, handed[0], handed[1])
+                if out is not None:
+                    return out
             return self._history_copy(messages, shared)
+
+    def _handed(self, messages: Any, refs: list[int], parsed: list[Any]) -> list[dict[str, Any]] | None:
+        """The history as the first ``get_messages()`` after a lazy open hands it out: the checkpoint's message
+        section as parsed for it (``parsed``, aligned with the section's ``refs``: the caller's own dicts, which
+        nothing else holds), then copies of what the history holds beyond them; None (copy as usual) if the
+        history does not begin with the section's refs any more (a change other than appends since)."""
+        from ..model.events import copy_json
+        from ..model.history_lists import PagedList, Refs
+
+        k = len(refs)
+        items = messages.items if type(messages) is PagedList else None
+        if items is None or len(items) < k or len(parsed) != k:
+            return None
+        head = items.a[:k].tolist() if type(items) is Refs else [v if type(v) is int else -1 for v in items[:k]]
+        if head != refs:
+            return None
+        out = parsed
+        if parsed.count(None):  # (messages the state holds itself, not by ref: null in the section)
+            for i in [i for i, m in enumerate(parsed) if m is None]:
+                out[i] = copy_json(messages[i])
+        if len(messages) > k:  # (the log's tail after the checkpoint, read without seeding the section yet)
+            pager: Any = self.pager
+            pending, pager._pending = pager._pending, None
+            try:
+                out += copy_json(messages[k:])
+            finally:
+                if pager._pending is None:
+                    pager._pending = pending
+        self.handed_out, self.handed_mark = [], None
+        return out
 
     def _history_copy(self, messages: Any, shared: bool) -> list[dict[str, Any]]:
         from ..model.events import copy_json
