@@ -209,3 +209,18 @@ async def test_a_change_to_a_host_request_dict_reaches_no_history_log_or_count(t
         assert (await reopened.get_messages_for_request(token_budget=budget))[1]["content"] == "message 1"
     finally:
         await reopened.close()
+
+
+async def test_a_host_view_of_a_history_beyond_the_page_cache_copies_only_the_view(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paged history beyond the page cache's budget keeps no handed-out copies (each get_messages() copies
+    anew): the request view then copies its own messages and makes no copy of the history besides."""
+    coordinator = _Coordinator()
+    cleanup = await mount(coordinator, {"storage_path": str(tmp_path), "page_cache_bytes": 4096})
+    store = coordinator.context
+    await store.add_messages([{"role": m["role"], "content": m["content"] * 40} for m in _turns(40)])
+    assert store._s.pager is not None
+    copied = _count_copies(monkeypatch)
+    request = await store.get_messages_for_request()
+    assert len(request) == 40 and copied[0] == 40 and store._s.handed_out == []
+    await cleanup()

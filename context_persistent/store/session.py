@@ -192,7 +192,6 @@ class Session:
 
     def _history_copy(self, messages: Any, shared: bool) -> list[dict[str, Any]]:
         from ..model.events import copy_json
-        from ..model.history_lists import PagedList
 
         prev = self.handed_out
         mark = (id(self.state), self.epoch)
@@ -208,9 +207,8 @@ class Session:
             out += copy_json(messages[n:])  # (a slice is a list: of the dicts a paged history's pager holds)
         if appended or type(messages) is list:
             held = True
-        else:  # (a paged history: in its page cache once read, while it fits the cache's budget; the newest
-            # messages may not be there yet: nine in ten held means the history fits)
-            held = type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9
+        else:
+            held = _in_memory(messages)
             self.handed_limit = len(messages) + len(messages) // 4 + 64
         self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
         return out.copy() if held else out
@@ -228,6 +226,8 @@ class Session:
             return copy_json(out)
         mark = (id(self.state), self.epoch)
         if self.handed_mark != mark or len(self.handed_out) != start + len(history):
+            if not _in_memory(self.state.messages):
+                return copy_json(out)  # (they would not be kept: a paged history beyond the cache's budget)
             self.history_copy(shared=True)  # (the host asks for them after the turn: made once, here)
             if self.handed_mark != mark or len(self.handed_out) != start + len(history):
                 return copy_json(out)  # (not held: a paged history beyond the page cache's budget)
@@ -357,3 +357,12 @@ class Session:
             "checkpoint": {"loaded_seq": checkpoints.loaded_seq, "seq": checkpoints.seq,
                            "ignored": checkpoints.ignored, "error": checkpoints.error},
         }
+
+
+def _in_memory(messages: Any) -> bool:
+    """Whether a history is all in memory: a plain list, or a paged one in its page cache (once read, while it
+    fits the cache's budget; the newest messages may not be there yet: nine in ten held means it fits)."""
+    from ..model.history_lists import PagedList
+
+    return type(messages) is list or (
+        type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9)
