@@ -95,11 +95,16 @@ async def test_round_trip_reads_no_record_it_covers(storage: Path, budget: int |
         store._s.pager.reads = 0
         got = await store.get_messages()
         assert got == want + [{"role": "user", "content": "one more"}]
-        assert store._checkpoints.section_messages == len(want) and store._checkpoints.ignored is None
-        assert store._s.pager.reads == 0  # every message from the section or the appends, none from the log
-        got[0]["content"] = "changed by the caller"  # (a copy: nothing stored changes)
+        assert parsed == [len(want)] and store._checkpoints.ignored is None
+        assert store._checkpoints.section_messages == len(want)
+        # (lazy: the section's messages went to the caller, the cache is seeded when next used)
+        assert (store._s.pager._pending is not None) is not whole and store._s.pager.reads == 0  # every message from the section or the appends, none from the log
+        got[0]["content"] = "changed by the caller"  # (the caller's: nothing stored changes)
         assert (await store.get_messages())[0]["content"] == "You are helpful."
-        assert parsed == [len(want)]  # (the history parsed once in the process)
+        assert store._checkpoints.section_messages == len(want) and store._s.pager.reads == 0
+        # whole (the host's case): the history parsed once in the process; lazy: the first get_messages() got
+        # the section as parsed for it (no copy), and the cache a second parse
+        assert parsed == [len(want)] * (1 if whole else 2)
 
 
 async def test_a_layout_5_checkpoint_still_opens_lazily(storage: Path, lazy_fronts: None) -> None:
@@ -345,3 +350,58 @@ async def test_a_based_checkpoint_keeps_its_base_message_section(storage: Path, 
         assert await store.get_messages() == _fold(storage)
         assert store._checkpoints.section_messages > 0 and store._checkpoints.ignored is None
     assert verify(storage / S, S).checkpoint["messages"] == "valid"
+
+
+async def test_the_first_get_messages_of_a_lazy_open_gets_the_section_without_a_copy(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lazy open the first ``get_messages()`` gets the message section's messages as parsed for it (no
+    copy of them: only the log's tail after the checkpoint is copied); the cache is seeded from a second
+    parse when next used. What the caller does to them reaches no later result, request view, log or
+    checkpoint."""
+    from context_persistent.model import events
+
+    await _session(storage, max_tokens=2_000)
+    want = _fold(storage)
+    copied = [0]
+    real = events.copy_json
+
+    def counting(value: Any) -> Any:
+        copied[0] += type(value) is dict and "role" in value
+        return real(value)
+    async with await _open(storage, max_tokens=2_000) as store:
+        assert store._state.is_lazy
+        await store.add_message({"role": "user", "content": "one more"})
+        monkeypatch.setattr(events, "copy_json", counting)
+        got = await store.get_messages()
+        assert got == want + [{"role": "user", "content": "one more"}]
+        assert copied[0] == 1 and store._s.pager._pending is not None  # (the tail's one message; old code: all)
+        monkeypatch.setattr(events, "copy_json", real)
+        for m in got:
+            m["content"] = "changed by the caller"
+        again = await store.get_messages()
+        assert store._s.pager._pending is None and again == want + [{"role": "user", "content": "one more"}]
+        assert all(a is not g for a, g in zip(again, got))
+        view = await store.get_messages_for_request()
+        assert not any(m.get("content") == "changed by the caller" for m in view)
+        await store.add_messages(tool_turns(5))  # (enough for the close to write a checkpoint)
+    assert not any(b"changed by the caller" in p.read_bytes() for p in (storage / S).iterdir() if p.is_file())
+    async with await _open(storage) as store:
+        assert (await store.get_messages())[:len(want)] == want
+
+
+async def test_an_erase_before_the_deferred_seed_drops_it(storage: Path) -> None:
+    """An erasure after the first ``get_messages()`` of a lazy open (the section's seed still deferred) drops
+    the deferred seed: the erased message's text reaches neither the cache nor a checkpoint written later."""
+    await _session(storage, secret_at=40, max_tokens=2_000)
+    folder = storage / S
+    async with await _open(storage, checkpoint_every=50, max_tokens=2_000) as store:
+        assert SECRET in await store.get_messages() and store._s.pager._pending is not None
+        seq = next(rec["seq"] for rec, _ in scan(folder / LOG_NAME) if rec["data"].get("message") == SECRET)
+        receipt = await store.erase(seq=seq)
+        assert store._s.pager._pending is None
+        assert not any(m == SECRET for m, _ in store._s.pager._cache.values())
+        assert SECRET not in await store.get_messages()
+        await store.add_messages(tool_turns(30))  # (periodic checkpoints after the erase: written with a section)
+        assert await store.verify_erasure(receipt) == []
+    assert _head(folder / CHECKPOINT_NAME)["messages_bytes"] > 0
+    assert [p.name for p in folder.iterdir() if p.is_file() and NEEDLE in p.read_bytes()] == []

@@ -35,6 +35,10 @@ class HostContext(PersistentContextManager):
     #: The CLI's folder of this session (``cli_session_folder``), or None outside the CLI.
     host_folder: Path | None = None
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._s.share_views = True  # (the request view holds get_messages' copies: Session.view_copy)
+
     async def link_host(self) -> bool:
         """Link the session to the CLI's folder of it once that folder exists: a ``host_linked`` record in the
         log, then its index ``host.json`` in the session folder (storage/host_link.py). Done at most once per
@@ -72,9 +76,11 @@ class HostContext(PersistentContextManager):
         """The host's ``get_messages()``, with context-simple's contract (the CLI calls it three times a turn,
         and once more per turn in an interactive session): a new list whose dicts are copies of the history's,
         made once and handed out again while only messages were appended, so a call costs the new messages,
-        not the history. A caller that changes a dict it was given sees the change in later results (as with
-        context-simple, whose results are its own history); the stored history, the log and the request view
-        never do (docs/amplifier.md, "get_messages in the host")."""
+        not the history. The request view holds the same dicts (Session.view_copy): a turn copies the history
+        once. A caller that changes a dict it was given sees the change in later results and in the request
+        views that hold it (as with context-simple, whose results are its own history); the stored history,
+        the log, checkpoints, token counts and compaction never do (docs/amplifier.md, "get_messages in the
+        host")."""
         if last is not None:
             return await super().get_messages(last)
         self._s.check_open()

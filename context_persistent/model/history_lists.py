@@ -293,11 +293,21 @@ class LazyList:
         self.system_indices = system_indices
 
     def _fill(self, base: Any) -> None:
-        paged = type(base) is PagedList
-        for i, v in self._known.items():  # newer than the bulk (token counts made since it was written)
-            if paged and type(v) is dict and type(base.items[i]) is int:
-                continue  # (a message the front section held, which the bulk refers to: keep the ref)
-            base[i] = v
+        known = self._known  # newer than the bulk (token counts made since it was written)
+        if type(base) is PagedList:  # (a message the front section held, which the bulk refers to: keep the ref)
+            items = base.items
+            if type(items) is Refs:  # (a ref is held as itself, >= 0; anything else negative)
+                a = items.a
+                known = {i: v for i, v in known.items() if not (type(v) is dict and a[i] >= 0)}
+            else:
+                known = {i: v for i, v in known.items() if not (type(v) is dict and type(items[i]) is int)}
+        if isinstance(base, _Packed):  # (the packed ints written directly: no call per item)
+            a, enc = base.a, base._enc
+            for i, v in known.items():
+                a[i] = enc(v)
+        else:
+            for i, v in known.items():
+                base[i] = v
         base.extend(self._tail)
         self._full, self._known, self._tail = base, {}, self._tail[:0]
         self.system_indices = None

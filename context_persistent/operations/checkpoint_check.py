@@ -69,7 +69,7 @@ def _check_messages(cp: Any, stored: Projection, directory: Path, status: dict[s
     the log instead, and repair removes the checkpoint)."""
     refs = section_refs(stored)
     section = memoryview(cp.messages_section)
-    items, error = load_section(lambda at, count: bytes(section[at:at + count]), 0, cp, len(refs))
+    items, error, _ = load_section(lambda at, count: bytes(section[at:at + count]), 0, cp, len(refs))
     if items is not None:
         reader = MessageReader(directory, STREAM_CACHE_BYTES)
         try:

@@ -89,6 +89,20 @@ class PageCache(ABC):
         self._floor = 0
         self.reads = 0
         self.hits = 0
+        #: A checkpoint's message section whose messages went to the first ``get_messages()`` instead of the
+        #: cache (checkpoint/sections.py, ``defer_section``): put in the cache before the cache is first used.
+        self._pending: Callable[[], None] | None = None
+
+    def defer_seed(self, settle: Callable[[], None]) -> None:
+        """Call ``settle`` (it seeds the cache) before the cache is next read or written; :meth:`clear` drops it."""
+        self._pending = settle
+
+    def settle(self) -> None:
+        """Seed what :meth:`defer_seed` deferred, if anything (once)."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            pending()
 
     @abstractmethod
     def _line(self, at: int) -> bytes:
@@ -101,6 +115,8 @@ class PageCache(ABC):
     def fetch(self, ref: int) -> dict[str, Any]:
         """The message ``ref`` names; LogCorruptedError if the log does not hold a valid record with that
         message there (nothing is skipped silently)."""
+        if self._pending is not None:
+            self.settle()
         cache = self._cache
         hit = cache.get(ref)
         if hit is not None:
@@ -141,6 +157,8 @@ class PageCache(ABC):
 
     def _uncached(self, refs: list[int]) -> tuple[list[Any], dict[int, list[int]]]:
         """``refs`` served from the cache (None where it misses) and the misses: ``{ref >> 20: [their places]}``."""
+        if self._pending is not None:
+            self.settle()
         cache = self._cache
         try:  # (a history all in memory: every ref a hit)
             every = [cache[ref][0] for ref in refs]
@@ -172,6 +190,8 @@ class PageCache(ABC):
         it without evicting anything: the whole history stays in memory while it fits ``cache_bytes``, and a
         pass over a longer one never evicts what the request view reads (docs/architecture.md, "Bounded
         memory")."""
+        if self._pending is not None:
+            self.settle()
         if ref < self._floor or ref in self._cache:
             return
         size += MESSAGE_OVERHEAD
@@ -184,6 +204,8 @@ class PageCache(ABC):
         """The messages ``refs`` name if the cache holds every one of them, else None; changes neither the
         cache's order nor its counters. A checkpoint's message section is written from it (checkpoint/
         payload.py, ``dump_messages``): a history all in memory is written, one that is paged is not."""
+        if self._pending is not None:
+            self.settle()
         cache = self._cache
         try:
             return [cache[r][0] for r in refs]
@@ -197,6 +219,8 @@ class PageCache(ABC):
 
         What a message section holds is what the log's records held when the checkpoint was written; records
         change in place only by erasure, which deletes the checkpoint before it changes the log (erasure.py)."""
+        if self._pending is not None:
+            self.settle()
         cost = size + MESSAGE_OVERHEAD
         room = max(0, (self.cache_bytes - self._held) // cost)
         cache, floor = self._cache, self._floor
@@ -217,6 +241,8 @@ class PageCache(ABC):
 
     def put(self, ref: int, message: dict[str, Any], size: int) -> None:
         """Keep ``message`` (about ``size`` bytes) as what ``ref`` names, evicting the least recently used."""
+        if self._pending is not None:
+            self.settle()
         if ref < self._floor:
             return
         cache = self._cache
@@ -232,12 +258,15 @@ class PageCache(ABC):
             self._held -= n
 
     def clear(self) -> None:
-        """Forget everything read (after records were rewritten: erasure)."""
+        """Forget everything read (after records were rewritten: erasure), and a seed deferred."""
+        self._pending = None
         self._cache.clear()
         self._held = 0
 
     @property
     def held_bytes(self) -> int:
+        if self._pending is not None:
+            self.settle()
         return self._held
 
 

@@ -203,7 +203,9 @@ class RequestViews:
             else:
                 tokens_now = self._ledger.count_indices(range(cached[3].h, len(state.messages)))
                 count = s.counter.count_message
-            grown = extend(cached[3], state.messages, tokens_now, budget, s.compaction, count, ev.copy_json)
+            h = cached[3].h
+            grown = extend(cached[3], state.messages, tokens_now, budget, s.compaction, count,
+                           lambda tail: s.view_copy(tail, state.messages[h:], h))
             if grown is not None:
                 if cached[5]:
                     grown[0].stats.update(token_count_exact=False)
@@ -240,15 +242,16 @@ class RequestViews:
         if over:
             await s.emit(EVENT_PRE_COMPACT, dict(event_base))
         if built is None:
-            built = await compaction.build_request_view(messages, tokens, pinned, budget, cfg, count)
+            built = await compaction.build_request_view(messages, tokens, pinned, budget, cfg, count, copy=False)
         stats = {**built.stats, "budget_source": source}
         if window is not None:
             # Only part of the history was counted: its total is a lower bound (before_tokens_exact False).
             stats.update(before_tokens=total, before_tokens_exact=False, before_messages=len(messages),
                          window={"start": window.start, "omitted": window.omitted})
         # The view's dicts share nested values with the history: copy once per change, so nothing a caller does
-        # to a request view can reach the stored history.
-        view = compaction.RequestView(ev.copy_json(built.messages), built.token_count, built.compacted, stats)
+        # to a request view can reach the stored history (the host's: get_messages' copies, Session.view_copy).
+        view = compaction.RequestView(s.view_copy(built.messages, messages), built.token_count, built.compacted,
+                                      stats)
         base = anchor(view, messages, tokens, cfg, count, history_tokens=total)
         self.cache = (version, budget, s.epoch, base, view, False)
         self._warn_once(budget, stats)
@@ -299,7 +302,8 @@ class RequestViews:
             return None, None, tokens, 0
         count = s.counter.count_message
         msgs, toks, flags = reduced_input(messages, tokens, _Flags(set(pins)), window, count)
-        built = await compaction.build_request_view(msgs, toks, flags, budget, s.compaction, count)
+        built = await compaction.build_request_view(msgs, toks, flags, budget, s.compaction, count,
+                                                    copy=False)
         if built.token_count > budget or built.stats.get("truncated"):
             # Over the budget or truncated to fit: fine when the kept-always part alone is over it (the whole
             # build would be too); otherwise the note tipped it over, so build from the whole history.

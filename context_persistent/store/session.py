@@ -96,6 +96,9 @@ class Session:
         self.handed_mark: tuple[int, int] | None = None
         #: Up to how many messages the handed-out dicts are kept without looking at the memory again.
         self.handed_limit = 0
+        #: The Amplifier mount (HostContext): a request view takes the dicts ``get_messages()`` hands out for
+        #: the history's messages it holds unchanged, instead of copying them again (view_copy).
+        self.share_views = False
         if config.get("search_index", True) and not log.readonly:
             from ..operations.search.background import BackgroundIndexer
 
@@ -141,13 +144,54 @@ class Session:
         every time."""
         from ..model.events import gc_paused
 
-        messages: Any = self.full().messages
+        checkpoints = self.checkpoints
+        # (the first call of a lazily opened history: the message section's messages are parsed for the caller
+        # and seeded in the page cache only when it is next used: no copy of them here; _handed)
+        checkpoints.hand_off = not shared and self.state.is_lazy and self.pager is not None
+        try:
+            messages: Any = self.full().messages
+        finally:
+            checkpoints.hand_off = False
+        handed, checkpoints.handed = checkpoints.handed, None
         with gc_paused():  # (up to a whole history of new dicts: docs/performance.md)
+            if handed is not None and handed[1] is not None:
+                out = self._handed(messages, handed[0], handed[1])
+                if out is not None:
+                    return out
             return self._history_copy(messages, shared)
+
+    def _handed(self, messages: Any, refs: list[int], parsed: list[Any]) -> list[dict[str, Any]] | None:
+        """The history as the first ``get_messages()`` after a lazy open hands it out: the checkpoint's message
+        section as parsed for it (``parsed``, aligned with the section's ``refs``: the caller's own dicts, which
+        nothing else holds), then copies of what the history holds beyond them; None (copy as usual) if the
+        history does not begin with the section's refs any more (a change other than appends since)."""
+        from ..model.events import copy_json
+        from ..model.history_lists import PagedList, Refs
+
+        k = len(refs)
+        items = messages.items if type(messages) is PagedList else None
+        if items is None or len(items) < k or len(parsed) != k:
+            return None
+        head = items.a[:k].tolist() if type(items) is Refs else [v if type(v) is int else -1 for v in items[:k]]
+        if head != refs:
+            return None
+        out = parsed
+        if parsed.count(None):  # (messages the state holds itself, not by ref: null in the section)
+            for i in [i for i, m in enumerate(parsed) if m is None]:
+                out[i] = copy_json(messages[i])
+        if len(messages) > k:  # (the log's tail after the checkpoint, read without seeding the section yet)
+            pager: Any = self.pager
+            pending, pager._pending = pager._pending, None
+            try:
+                out += copy_json(messages[k:])
+            finally:
+                if pager._pending is None:
+                    pager._pending = pending
+        self.handed_out, self.handed_mark = [], None
+        return out
 
     def _history_copy(self, messages: Any, shared: bool) -> list[dict[str, Any]]:
         from ..model.events import copy_json
-        from ..model.history_lists import PagedList
 
         prev = self.handed_out
         mark = (id(self.state), self.epoch)
@@ -163,12 +207,50 @@ class Session:
             out += copy_json(messages[n:])  # (a slice is a list: of the dicts a paged history's pager holds)
         if appended or type(messages) is list:
             held = True
-        else:  # (a paged history: in its page cache once read, while it fits the cache's budget; the newest
-            # messages may not be there yet: nine in ten held means the history fits)
-            held = type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9
+        else:
+            held = _in_memory(messages)
             self.handed_limit = len(messages) + len(messages) // 4 + 64
         self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
         return out.copy() if held else out
+
+    def view_copy(self, out: list[dict[str, Any]], history: Any, start: int = 0) -> list[dict[str, Any]]:
+        """A request view's messages ``out`` (built from ``history``) made the caller's: copies, so nothing a
+        caller does to a view reaches the stored history. With ``share_views`` (the Amplifier mount) a message
+        of ``history`` the view holds as it is (the same dict) is the copy ``get_messages()`` hands out for
+        its place (made here first when none is held), so a turn copies the history once; messages the build
+        made (compaction, repairs, a system prompt) are copied. ``history`` is the list the build read: the
+        history's messages from ``start`` on (anything else than a list: copied)."""
+        from ..model.events import copy_json, gc_paused
+
+        if not self.share_views or type(history) is not list or not out:
+            return copy_json(out)
+        mark = (id(self.state), self.epoch)
+        if self.handed_mark != mark or len(self.handed_out) != start + len(history):
+            if not _in_memory(self.state.messages):
+                return copy_json(out)  # (they would not be kept: a paged history beyond the cache's budget)
+            self.history_copy(shared=True)  # (the host asks for them after the turn: made once, here)
+            if self.handed_mark != mark or len(self.handed_out) != start + len(history):
+                return copy_json(out)  # (not held: a paged history beyond the page cache's budget)
+        shared = self.handed_out
+        n = len(history)
+        where: dict[int, int] | None = None
+        j = 0
+        with gc_paused():
+            view = []
+            for m in out:
+                if j < n and history[j] is m:
+                    view.append(shared[start + j])
+                    j += 1
+                    continue
+                if where is None:
+                    where = {id(h): i for i, h in enumerate(history)}
+                i = where.get(id(m))
+                if i is None:
+                    view.append(copy_json(m))
+                else:
+                    view.append(shared[start + i])
+                    j = i + 1
+            return view
 
     async def iter_messages(self, chunk: int) -> AsyncIterator[dict[str, Any]]:
         """The history as of now, one copy at a time; messages a paged history refers to are read in runs of
@@ -275,3 +357,12 @@ class Session:
             "checkpoint": {"loaded_seq": checkpoints.loaded_seq, "seq": checkpoints.seq,
                            "ignored": checkpoints.ignored, "error": checkpoints.error},
         }
+
+
+def _in_memory(messages: Any) -> bool:
+    """Whether a history is all in memory: a plain list, or a paged one in its page cache (once read, while it
+    fits the cache's budget; the newest messages may not be there yet: nine in ten held means it fits)."""
+    from ..model.history_lists import PagedList
+
+    return type(messages) is list or (
+        type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9)

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model import codec
-from ..model import events as ev
 from ..model.compaction import RequestView
 from ..model.grouping import analyse
 from ..model.tokens import MESSAGE_OVERHEAD, TOOL_CALL_OVERHEAD
@@ -143,17 +142,18 @@ class BoundViews:
                     "repairs": report.as_dict(), "message_count": len(out), "token_count": total,
                     "after_tokens": total, "after_messages": len(out), **_INEXACT,
                 }
-                view = RequestView(ev.copy_json(out), total, False, stats)
+                view = RequestView(s.view_copy(out, messages), total, False, stats)
                 return view, self._anchor(view, messages, keys, bounds, config, history_bound)
         total = sum(bound(m) for m in messages)  # (a paged history is read in runs, not kept)
         if not fits(total, budget, config):
             return None
         messages = list(messages)
         tokens = [bound(m) for m in messages]
-        built = await build_request_view(messages, tokens, [False] * n, budget, config, bound)
+        built = await build_request_view(messages, tokens, [False] * n, budget, config, bound, copy=False)
         if built.compacted or not fits(built.token_count, budget, config):
             return None
-        view = RequestView(ev.copy_json(built.messages), built.token_count, False, {**built.stats, **_INEXACT})
+        view = RequestView(s.view_copy(built.messages, messages), built.token_count, False,
+                           {**built.stats, **_INEXACT})
         return view, self._anchor(view, messages, keys, tokens, config, total)
 
     def _anchor(self, view: RequestView, messages: list[Any], keys: Any, tokens: Sequence[int], config: Any,

@@ -212,8 +212,11 @@ async def build_request_view(
     budget: int,
     config: CompactionConfig,
     count: Callable[[Message], int],
+    copy: bool = True,
 ) -> RequestView:
     """The request view of ``messages`` (the full stored history, in order); the input is never mutated.
+    Its dicts are new (shallow copies); with ``copy`` False a message kept unchanged is the input's own dict
+    (for a caller that copies the view itself and tells the history's messages by identity).
 
     ``tokens[i]`` is the cached count of ``messages[i]``; ``count`` is used only for new messages
     (placeholders, markers, summaries, masked or truncated copies). O(n) apart from the strategy's sort.
@@ -232,7 +235,7 @@ async def build_request_view(
         "warning": None, "repairs": report.as_dict(),
     }
     if not config.auto_compact or before < config.compact_threshold * budget:
-        out = [dict(m) for m in request.messages]
+        out = [dict(m) for m in request.messages] if copy else list(request.messages)
         if before > budget:
             stats["warning"] = f"view needs {before:,} tokens, over the budget of {budget:,} (auto_compact is off)"
         return _view(out, before, False, stats)
@@ -247,7 +250,7 @@ async def build_request_view(
             f"tokens, more than the budget of {budget:,}; this is the smallest valid view ({total:,} tokens)"
         )
     stats["warning"] = warning
-    return _view([dict(m) for m in result.messages], total, True, stats)
+    return _view([dict(m) for m in result.messages] if copy else list(result.messages), total, True, stats)
 
 
 async def _run(strategy: CompactionStrategy, request: CompactionRequest, stats: dict[str, Any]) -> CompactionResult:

@@ -20,7 +20,8 @@ from ...model.projection import LoadRefused, Projection
 from .front import SystemIndex, covers_most, front_section, is_whole, restore_front, slim_front
 from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front,
                       mismatch, restore)
-from .sections import dump_section, keeps_sections, load_section, section_refs, use_section, wants_section
+from .sections import (HandOff, defer_section, dump_section, keeps_sections, load_section, section_refs,
+                       use_section, wants_section)
 from .store import CheckpointStore, FileCheckpointStore, first_record_crc, message_reader, read_state
 from .replay import replay_from_base, replay_sync, seed_state
 
@@ -149,7 +150,7 @@ def _splice_base_of(source: Any, state: Projection, store: Any, tokenizer: Calla
     return dict(base)
 
 
-class Checkpointer:
+class Checkpointer(HandOff):
     """Resumes a session from its checkpoint and writes new ones every ``every`` events and on close.
 
     At most one write is in flight; a failed write is logged and never affects the log or the caller.
@@ -197,7 +198,7 @@ class Checkpointer:
         #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
         self.loaded_total: tuple[int, int] | None = None
         #: How many messages of the history the checkpoint's message section put in the pager's cache when the
-        #: history was loaded (0: none; the messages are then read from the log). docs/format.md.
+        #: history was loaded, or handed to the first get_messages() (0: none; read from the log). docs/format.md.
         self.section_messages = 0
         #: The loaded checkpoint's message section failed verification: the next close writes a new checkpoint.
         self.section_damaged = False
@@ -340,21 +341,21 @@ class Checkpointer:
                     log: Any) -> Projection:
         """The whole state at ``cp.seq`` from its state and message sections (the file ``f`` is closed here),
         or, if the state section fails verification, from the log replayed up to ``cp.seq``."""
-        messages: tuple[list[Any] | None, str | None] | None = None
+        messages: Any = None
         try:
             try:
                 section = f.read_state(offset, length) if hasattr(f, "read_state") else read_state(f, offset, length)
                 state = restore(dataclasses.replace(cp, state=section), tokenizer, self.pager)
                 if wants_section(self.pager, cp, len(state.messages), self.session_id):
                     messages = load_section(message_reader(f), offset + length + 1 + _TRAILER, cp,
-                                            len(state.messages))
+                                            len(state.messages), keep=self.hand_off)
             finally:
                 f.close()
             refs = section_refs(state) if messages is not None else None
             if cp.base is not None:
                 replay_from_base(log, state, cp)
             if refs is not None and messages is not None:
-                self._seed(refs, messages, cp)
+                self.handed = defer_section(self, refs, messages, cp)
             logger.debug("session %s: loaded the rest of the checkpoint at seq %d", self.session_id, cp.seq)
         except (CheckpointError, OSError, ValueError) as e:  # (ValueError: the file was closed by a failed try)
             self.ignored = f"state section: {e}"
@@ -368,7 +369,7 @@ class Checkpointer:
             state = replay_sync(log, cp, self.pager)
         return state
 
-    def _seed(self, refs: list[int], loaded: tuple[list[Any] | None, str | None], cp: Checkpoint) -> None:
+    def _seed(self, refs: list[int], loaded: tuple[list[Any] | None, str | None, Any], cp: Checkpoint) -> None:
         """Put the message section's messages in the pager's cache; one that fails verification is reported
         (``ignored``, a warning: sections.use_section) and the messages are read from the log instead."""
         self.section_messages, error = use_section(self.pager, refs, loaded, cp, self.session_id)
