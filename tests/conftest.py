@@ -84,7 +84,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 #: does not group under pytest 9.2, so the groups are named here; test_xdist_groups.py keeps the list whole.)
 SHARED_FIXTURE_FILES = ("test_amplifier_calibration.py", "test_amplifier_cli.py", "test_bounded_memory.py", "test_cli_streaming.py",
                         "test_foundation_host.py", "test_record_chain.py", "test_retention_crash.py",
-                        "test_segment_expiry_crash.py", "test_viewer_api.py", "test_viewer_browser.py",
+                        "test_segment_expiry_crash.py", "test_turn_imports.py", "test_viewer_api.py", "test_viewer_browser.py",
                         "test_viewer_postgres.py", "test_viewer_usage.py")
 
 #: Grouped files that share one fixture between them run as one unit (in one worker, one after the other): the

@@ -49,9 +49,11 @@ async def test_a_fresh_session_accepts_set_messages_and_a_loaded_one_keeps_its_l
     assert session.state.messages == [HISTORY[0]]
     session, edits, _, _ = await edits_over(storage / "b", loaded=True)
     await edits.set_messages([HISTORY[0]], None)
-    assert session.state.messages == HISTORY and records(storage / "b")[-1]["type"] == ev.TRANSCRIPT_IGNORED
+    # (the audit record goes out with the next write: nothing is written by the ignored call itself)
+    assert session.state.messages == HISTORY and records(storage / "b")[-1]["type"] == ev.MESSAGE_ADDED
     await edits.set_messages([HISTORY[1]], "undo")
     assert session.state.messages == [HISTORY[1]] and records(storage / "b")[-1]["data"]["reason"] == "undo"
+    assert records(storage / "b")[-2]["type"] == ev.TRANSCRIPT_IGNORED
     session, edits, _, _ = await edits_over(storage / "c", loaded=True, resume_rule="strict")
     await edits.set_messages([HISTORY[1]], "undo")
     assert session.state.messages == HISTORY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ async def test_replaces_even_after_a_resume_where_set_messages_is_ignored(tmp_pa
         assert await store.get_messages() == [{"role": "user", "content": "a"}]
         head = store.head_seq
         await store.replace_messages([{"role": "system", "content": "new"}, {"role": "user", "content": "b"}])
-        assert store.head_seq == head + 1
+        # (the ignored transcript's audit record goes out with the next append: the replace's own record follows it)
+        assert store.head_seq == head + 2
+        kinds = [json.loads(line)["type"] for line in (tmp_path / "s" / "events.jsonl").read_text().splitlines()]
+        assert kinds[head:] == ["transcript_ignored", "messages_replaced"]
         assert await store.get_messages() == [{"role": "system", "content": "new"}, {"role": "user", "content": "b"}]
         old = await store.at(head)
         try:

@@ -47,7 +47,7 @@ async def _recount(storage: Path, tmp_path: Path) -> int:
         return sum(store._ledger.counts())
 
 
-async def test_missing_counts_are_made_once_and_recorded_by_the_next_checkpoint(tmp_path: Path) -> None:
+async def test_missing_counts_are_made_once_and_recorded_by_the_next_checkpoint(tmp_path: Path, lazy_fronts: None) -> None:
     storage = tmp_path / "store"
     await _uncounted_session(storage, 600)
     strip_message_section(storage / S / CHECKPOINT_NAME)  # (its messages read from the log, as a layout 4's)

@@ -226,16 +226,16 @@ class PersistentContextManager:
     async def set_messages(self, messages: list[dict[str, Any]], *, reason: str | None = None) -> None:
         """Replace the history with ``messages``, as the resume rule allows (docs/resume.md).
 
-        A fresh store, or one this process cleared, accepts it. A store that loaded its own log ignores (and
-        audits) a filtered transcript of its history and anything it does not recognise; it accepts the
-        host's repair (applied to the complete history) and an explicit replacement (``reason`` given, e.g.
-        ``reason="undo last turn"``). With ``resume_rule: strict`` it ignores every call once loaded.
-        An ignored call is recorded as a ``transcript_ignored`` audit event and changes nothing.
+        A fresh store, or one this process cleared, accepts it. A store that loaded its own log ignores (audits) a
+        filtered transcript of its history and anything it does not recognise; it accepts the host's repair (of the
+        complete history) and an explicit replacement (a ``reason``, e.g. ``"undo last turn"``). With ``resume_rule:
+        strict`` it ignores every call once loaded. An ignored call changes nothing; its ``transcript_ignored`` audit
+        record goes out with the next append or the close: a crash first loses it, never a message.
 
         Raises ValueError if a message is invalid, ``reason`` is not a non-empty string, or there are too many
-        messages for one event (nothing is stored); StoreClosedError after ``close()``; ReadOnlyError on a
-        store opened ``readonly=True``; LogWriteError when the disk refuses the write (nothing was recorded);
-        DatabaseError on PostgreSQL when the server fails.
+        messages for one event (nothing is stored); StoreClosedError after ``close()``; ReadOnlyError on a store
+        opened ``readonly=True``; LogWriteError when the disk refuses the write (nothing was recorded); DatabaseError
+        on PostgreSQL when the server fails.
         """
         await self._edits.set_messages(messages, reason)
 
