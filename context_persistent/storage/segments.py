@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +31,9 @@ from .segment_file import FRAME_BYTES, SegmentFile, compress, decompress_all, de
 
 #: Below this many bytes :meth:`LogReader.find_seq` reads line by line instead of bisecting further.
 _BISECT_BYTES = 1 << 20
-#: How many times a reader looks again when a roll replaced a file between two of its looks.
+#: How many times a reader looks again when a roll replaced a file between two of its looks, waiting a little
+#: longer each time (from 1 ms up to 50 ms: about 0.6 s in all) so that a writer that rolls every few records,
+#: on a loaded machine, cannot change the manifest during every look.
 _ATTEMPTS = 20
 
 
@@ -96,6 +99,7 @@ class LogReader:
                 self.close()
                 if attempt == _ATTEMPTS - 1:
                     raise
+                time.sleep(min(0.001 * 2 ** attempt, 0.05))
 
     def _resolve(self) -> None:
         """Open ``events.jsonl``, read the manifest, and decide what the opened file is for that manifest.
