@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,18 @@ class PageCache(ABC):
         if pending is not None:
             self._pending = None
             pending()
+
+    @contextmanager
+    def seed_kept_deferred(self) -> Iterator[None]:
+        """Reads inside the block do not settle a deferred seed (the log's tail after a checkpoint, read for the
+        messages handed out with the section's): it stays deferred after, unless the block deferred or settled
+        another."""
+        pending, self._pending = self._pending, None
+        try:
+            yield
+        finally:
+            if self._pending is None:
+                self._pending = pending
 
     @abstractmethod
     def _line(self, at: int) -> bytes:

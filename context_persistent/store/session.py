@@ -180,13 +180,9 @@ class Session:
             for i in [i for i, m in enumerate(parsed) if m is None]:
                 out[i] = copy_json(messages[i])
         if len(messages) > k:  # (the log's tail after the checkpoint, read without seeding the section yet)
-            pager: Any = self.pager
-            pending, pager._pending = pager._pending, None
-            try:
+            assert self.pager is not None
+            with self.pager.seed_kept_deferred():
                 out += copy_json(messages[k:])
-            finally:
-                if pager._pending is None:
-                    pager._pending = pending
         self.handed_out, self.handed_mark = [], None
         return out
 
