@@ -129,3 +129,24 @@ async def test_a_reader_that_opens_a_segment_while_it_is_compressed_finds_it(
     finally:
         held.release.set()
         compressor.join(30)
+
+
+async def test_a_session_without_a_folder_is_not_found_at_once_and_an_empty_folder_is_looked_at_again(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking again is for a roll that replaced a file between two looks; a roll never removes the session's
+    folder, so a read of a session that has none (a mistyped id) is SessionNotFoundError without a wait. A
+    folder without a log file is looked at again, waiting between looks, before it is reported."""
+    from context_persistent import SessionNotFoundError
+
+    waits: list[float] = []
+    monkeypatch.setattr(segments.time, "sleep", waits.append)
+    with pytest.raises(SessionNotFoundError, match="'my-sesion' not found"):
+        await PersistentContextManager.open(storage_path=storage, session_id="my-sesion", readonly=True)
+    assert waits == []
+    with pytest.raises(FileNotFoundError):
+        LogReader(storage / "my-sesion")
+    assert waits == []
+    (storage / "empty").mkdir(parents=True)
+    with pytest.raises(SessionNotFoundError, match="'empty' not found"):
+        await PersistentContextManager.open(storage_path=storage, session_id="empty", readonly=True)
+    assert len(waits) == segments._ATTEMPTS - 1 and 0 < sum(waits) < 1.5

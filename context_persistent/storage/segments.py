@@ -97,7 +97,8 @@ class LogReader:
                 return
             except FileNotFoundError:  # a roll or compression replaced a file between two looks: look again
                 self.close()
-                if attempt == _ATTEMPTS - 1:
+                # (no session folder: no session, not a roll, which never removes it; a mistyped id is told at once)
+                if attempt == _ATTEMPTS - 1 or not self.directory.is_dir():
                     raise
                 time.sleep(min(0.001 * 2 ** attempt, 0.05))
 
