@@ -60,7 +60,10 @@ def is_stored_transcript(history: Any, offered: Any) -> bool:
     for m in offered:
         if type(m) is not dict or m.get("role") in skips:
             return False
-    mine = _conversation(history) if len(history) >= len(offered) else []
+    if len(history) < len(offered):
+        return False
+    # (a paged history resolved in one read of its cache, not a message at a time through its iterator)
+    mine = _conversation(history if type(history) is list else history[:])
     if len(mine) < len(offered):
         return False
     del mine[len(offered):]
