@@ -62,8 +62,7 @@ def is_stored_transcript(history: Any, offered: Any) -> bool:
             return False
     if len(history) < len(offered):
         return False
-    # (a paged history resolved in one read of its cache, not a message at a time through its iterator)
-    mine = _conversation(history if type(history) is list else history[:])
+    mine = _conversation(history)
     if len(mine) < len(offered):
         return False
     del mine[len(offered):]
