@@ -65,7 +65,7 @@ def test_a_seeded_history_is_served_from_memory_alone_as_the_cache_serves_it(tmp
     got = reader.fetch_many(refs)
     assert got == messages and all(a is b for a, b in zip(got, messages)) and reader.reads == 0
     assert reader.fetch(refs[3]) is messages[3] and reader.reads == 0
-    assert reader.held_messages == 40 and reader.held_bytes == 40 * (100 + MESSAGE_OVERHEAD)  # (moved, not copied)
+    assert reader.held_messages == 40 and reader.held_bytes == 40 * (100 + MESSAGE_OVERHEAD)
     appended = {"role": "assistant", "content": "new"}
     reader.put(make_ref(10 ** 6), appended, 50)  # (a message appended after the checkpoint)
     mixed = refs + [make_ref(10 ** 6)]
@@ -81,23 +81,27 @@ def test_a_seeded_history_is_served_from_memory_alone_as_the_cache_serves_it(tmp
 
 
 def test_seeded_messages_are_the_least_recently_used_and_evicted_first_in_their_order(tmp_path: Path) -> None:
-    """Messages put beyond the budget evict the seeded ones first (oldest first, in the section's order), except
-    one a single read used since (the most recently used); the budget holds throughout."""
+    """Messages put beyond the budget evict the seeded ones first, oldest first in the section's order (a read
+    of one leaves it there: they count as older than anything else), then the cache's own LRU order; the
+    budget holds throughout."""
     cost = 100 + MESSAGE_OVERHEAD
     reader, refs, messages = _seeded(tmp_path, 20, 20 * cost)
-    reader.fetch(refs[0])  # (used: now the most recently used)
+    assert reader.fetch(refs[0]) is messages[0] and reader.reads == 0
     for k in range(3):
         reader.put(make_ref(10 ** 6 + k), {"role": "user", "content": f"new {k}"}, cost)
         assert reader.held_bytes <= 20 * cost
     held = reader.cached([make_ref(10 ** 6 + k) for k in range(3)])
     assert held is not None and [m["content"] for m in held] == ["new 0", "new 1", "new 2"]
-    assert reader.cached(refs[1:4]) is None and reader.cached(refs[4:]) == messages[4:]  # (1, 2, 3 evicted)
-    assert reader.cached(refs[:1]) == messages[:1] and reader.held_messages == 20
+    assert reader.cached(refs[0:3]) is None and reader.cached(refs[3:]) == messages[3:]  # (0, 1, 2 evicted)
+    assert reader.held_messages == 20
     for k in range(3, 40):  # (every seeded message evicted, then the cache's own LRU order)
         reader.put(make_ref(10 ** 6 + k), {"role": "user", "content": f"new {k}"}, cost)
         assert reader.held_bytes <= 20 * cost
-    assert reader.held_messages == 20 and reader.cached(refs[:1]) is None
+    assert reader.held_messages == 20 and reader.cached(refs[-1:]) is None
     assert reader.cached([make_ref(10 ** 6 + k) for k in range(20, 40)]) is not None
+    reader.fetch(make_ref(10 ** 6 + 20))  # (now the most recently used: "new 21" goes first)
+    reader.put(make_ref(10 ** 6 + 40), {"role": "user", "content": "new 40"}, cost)
+    assert reader.cached([make_ref(10 ** 6 + 20)]) is not None and reader.cached([make_ref(10 ** 6 + 21)]) is None
     reader.put(refs[7], messages[7], cost)  # (put again after its eviction: an entry like any other)
     assert reader.fetch(refs[7]) is messages[7] and reader.held_bytes <= 20 * cost
 
