@@ -224,3 +224,51 @@ async def test_a_host_view_of_a_history_beyond_the_page_cache_copies_only_the_vi
     request = await store.get_messages_for_request()
     assert len(request) == 40 and copied[0] == 40 and store._s.handed_out == []
     await cleanup()
+
+
+async def test_the_lists_a_host_turn_hands_out_never_change_after_later_turns(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interactive session's turns (get_messages, the prompt, the request, the answer, get_messages): every
+    list handed out keeps its length and its dicts whatever later turns and callers do (the store extends its
+    own request view and handed-out dicts in place: never a list it gave away), a caller's change to its list
+    reaches no later result, and a turn makes one list of the history per get_messages() call, none more."""
+    from context_persistent.store.session import Session
+
+    coordinator = _Coordinator()
+    cleanup = await mount(coordinator, {"storage_path": str(tmp_path)})
+    store = coordinator.context
+    await store.add_messages(_turns(40))
+    await store.get_messages()
+    await store.get_messages_for_request()
+    calls = [0]
+    real = Session.history_copy
+
+    def counting(self: Session, shared: bool = False) -> list[dict[str, Any]]:
+        calls[0] += 1
+        return real(self, shared)
+
+    monkeypatch.setattr(Session, "history_copy", counting)
+    kept: list[tuple[list[dict[str, Any]], list[int]]] = []
+    own = store._views.cache[4].messages
+    for turn in range(6):
+        before = await store.get_messages()
+        await store.add_message({"role": "user", "content": f"prompt {turn}"})
+        request = await store.get_messages_for_request()
+        assert store._views.cache[4].messages is own  # (extended in place, not rebuilt)
+        assert request is not own and request == before + [{"role": "user", "content": f"prompt {turn}"}]
+        await store.add_message({"role": "assistant", "content": f"answer {turn}"})
+        after = await store.get_messages()
+        assert after[:-1] == request and all(a is r for a, r in zip(after, request))
+        kept += [(lst, [id(m) for m in lst]) for lst in (before, request, after)]
+        request.append({"role": "user", "content": "the caller's own"})  # (the caller's list: the store's never)
+        del before[:5]
+    assert calls[0] == 2 * 6  # (the request view made none: it shares what get_messages hands out)
+    for turn, (lst, ids) in enumerate(kept[::3]):
+        assert len(lst) == 40 + 2 * turn - 5 and [id(m) for m in lst] == ids[5:]
+    for turn, (lst, ids) in enumerate(kept[1::3]):
+        assert len(lst) == 40 + 2 * turn + 2 and [id(m) for m in lst[:-1]] == ids
+    for turn, (lst, ids) in enumerate(kept[2::3]):
+        assert len(lst) == 40 + 2 * turn + 2 and [id(m) for m in lst] == ids
+    final = await store.get_messages_for_request()
+    assert final == await store.get_messages() and len(final) == 52
+    await cleanup()

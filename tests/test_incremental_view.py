@@ -89,3 +89,38 @@ async def test_extension_stops_at_the_threshold(storage: Any) -> None:
             assert sum(s._counter.count_message(m) for m in view) <= 2000
         assert events.count("context:compaction") >= 2
         assert view[0] == {"role": "system", "content": "S"}
+
+
+async def test_a_view_handed_out_never_changes_when_the_next_one_extends_it(storage: Any) -> None:
+    """The store extends its own view's list in place (counted and from bounds); every view it handed out keeps
+    what it had, and a caller that changes its list (or a dict in it, with copy_request_view) changes no later
+    view."""
+    async def no_bound(*args: Any) -> None:
+        return None
+
+    for bounded, config in ((True, {}), (False, {"tokenizer": "chars/4"}), (True, {"copy_request_view": True})):
+        async with await PersistentContextManager.open(storage_path=storage, session_id=f"h{bounded}{len(config)}",
+                                                       **config) as s:
+            if not bounded:
+                s._views.bounds.view = no_bound  # (counted: compaction's own build, then extended by counts)
+            await s.add_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}])
+            await s.get_messages_for_request()
+            own = s._view_cache[4].messages
+            handed: list[tuple[list[dict], list[dict]]] = []
+            for i in range(30):
+                await s.add_message({"role": "user", "content": f"q{i}"})
+                if i % 3 == 0:
+                    await s.add_message({"role": "assistant", "content": None, "tool_calls": [
+                        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+                view = await s.get_messages_for_request()
+                assert s._view_cache[4].messages is own and view is not own and s._view_cache[5] is bounded
+                assert view[0]["content"] == "S"  # (no caller's change reached it)
+                view.append({"role": "user", "content": "the caller's"})
+                if config.get("copy_request_view"):
+                    view[0]["content"] = "changed by the caller"
+                handed.append((view, [dict(m) for m in view]))
+                await s.add_message({"role": "tool", "tool_call_id": f"c{i}", "content": f"r{i}"} if i % 3 == 0
+                                    else {"role": "assistant", "content": f"a{i}"})
+            for view, then in handed:
+                assert view == then and view[-1] == {"role": "user", "content": "the caller's"}
+            assert await s.get_messages_for_request() == await s.get_messages()

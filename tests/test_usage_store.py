@@ -276,3 +276,47 @@ async def test_with_calibrate_off_a_pending_report_never_loads_the_tokenizer(tmp
     assert len(await store.get_messages_for_request(token_budget=60_000)) == 61
     assert len(store._usage.pending) == 1 and not store._s.counter.loaded
     await store.close()
+
+
+def test_the_pending_reports_asked_are_those_every_pending_report_would_answer(tmp_path: Path) -> None:
+    """Whether a view made from bounds fits by the pending reports is asked of the one report that predicts the
+    most per token of bound (kept as reports come, go out at REBUILD_REPORTS, or are paired): the answer is
+    every pending report's, one by one, through any sequence of those."""
+    import random
+
+    from context_persistent.model.usage import request_tokens
+    from context_persistent.store.usage import REBUILD_REPORTS
+    from context_persistent.store.view_bound import fits
+
+    async def run() -> None:
+        store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync="never")
+        meter, cfg = store._usage, store._s.compaction
+        rng = random.Random(7)
+
+        def every(budget: int, bound: int) -> bool:
+            for data, _ in meter.pending:
+                reported, b = request_tokens(data), data["view"].get("bound")
+                if reported and type(b) is int and b > 0 and not fits(int(reported * bound / b) + 1, budget, cfg):
+                    return False
+            return True
+
+        checked = 0
+        for step in range(3 * REBUILD_REPORTS + 50):  # (the last ones push the oldest out)
+            data = {"input_tokens": rng.choice([None, 0, rng.randint(1, 200_000)]), "provider": "anthropic",
+                    "cache_read_tokens": rng.choice([0, 500]),
+                    "view": {"bound": rng.choice([None, 0, "12", rng.randint(1, 200_000)])}}
+            meter._add_pending(data, lambda load=True: None)
+            if step < 2 * REBUILD_REPORTS and rng.random() < 0.02:  # (pair() takes the oldest: some, or all)
+                for _ in range(rng.randint(1, len(meter.pending))):
+                    meter.pending.popleft()
+            for _ in range(4):
+                budget, bound = rng.randint(1_000, 200_000), rng.randint(1, 200_000)
+                answer = meter._pending_fit(budget, bound)
+                assert answer == every(budget, bound), (step, budget, bound)
+                checked += not answer
+        assert len(meter.pending) == REBUILD_REPORTS and checked > 50
+        meter.pending.clear()
+        assert meter._pending_fit(1, 10**9)
+        await store.close()
+
+    asyncio.run(run())

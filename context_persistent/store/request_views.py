@@ -204,8 +204,9 @@ class RequestViews:
                 tokens_now = self._ledger.count_indices(range(cached[3].h, len(state.messages)))
                 count = s.counter.count_message
             h = cached[3].h
+            # (in place: the view's list is this cache's own; get_messages_for_request hands out copies of it)
             grown = extend(cached[3], state.messages, tokens_now, budget, s.compaction, count,
-                           lambda tail: s.view_copy(tail, state.messages[h:], h))
+                           lambda tail: s.view_copy(tail, state.messages[h:], h), in_place=True)
             if grown is not None:
                 if cached[5]:
                     grown[0].stats.update(token_count_exact=False)

@@ -141,7 +141,14 @@ class Session:
         copied, so a change a caller made to one shows in later results (never in the history, the log or
         the request view). What was handed out is kept only while the whole history is in memory anyway (a
         plain list, or a paged one the page cache holds whole): a paged history beyond its budget is copied
-        every time."""
+        every time. The list is the caller's: a later call never changes it."""
+        out, kept = self._hand_out(shared)
+        return out.copy() if kept else out  # (the kept list grows in place with later appends)
+
+    def _hand_out(self, shared: bool) -> tuple[list[dict[str, Any]], bool]:
+        """The dicts ``get_messages()`` hands out now, and whether that list is the one kept as ``handed_out``
+        (which later calls extend in place: the caller gets a copy of it). view_copy calls this for the dicts
+        alone: no list is made for a caller who is not there."""
         from ..model.events import gc_paused
 
         checkpoints = self.checkpoints
@@ -157,7 +164,7 @@ class Session:
             if handed is not None and handed[1] is not None:
                 out = self._handed(messages, handed[0], handed[1])
                 if out is not None:
-                    return out
+                    return out, False
             return self._history_copy(messages, shared)
 
     def _handed(self, messages: Any, refs: list[int], parsed: list[Any]) -> list[dict[str, Any]] | None:
@@ -186,7 +193,9 @@ class Session:
         self.handed_out, self.handed_mark = [], None
         return out
 
-    def _history_copy(self, messages: Any, shared: bool) -> list[dict[str, Any]]:
+    def _history_copy(self, messages: Any, shared: bool) -> tuple[list[dict[str, Any]], bool]:
+        """The dicts to hand out for ``messages``, and whether they are kept as ``handed_out`` (then the caller
+        gets a copy of that list: later calls extend it in place)."""
         from ..model.events import copy_json
 
         prev = self.handed_out
@@ -207,7 +216,7 @@ class Session:
             held = _in_memory(messages)
             self.handed_limit = len(messages) + len(messages) // 4 + 64
         self.handed_out, self.handed_mark = (out, mark) if held else ([], None)
-        return out.copy() if held else out
+        return out, held
 
     def view_copy(self, out: list[dict[str, Any]], history: Any, start: int = 0) -> list[dict[str, Any]]:
         """A request view's messages ``out`` (built from ``history``) made the caller's: copies, so nothing a
@@ -224,7 +233,7 @@ class Session:
         if self.handed_mark != mark or len(self.handed_out) != start + len(history):
             if not _in_memory(self.state.messages):
                 return copy_json(out)  # (they would not be kept: a paged history beyond the cache's budget)
-            self.history_copy(shared=True)  # (the host asks for them after the turn: made once, here)
+            self._hand_out(shared=True)  # (the host asks for them after the turn: made once, here)
             if self.handed_mark != mark or len(self.handed_out) != start + len(history):
                 return copy_json(out)  # (not held: a paged history beyond the page cache's budget)
         shared = self.handed_out

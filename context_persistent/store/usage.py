@@ -60,6 +60,11 @@ class UsageMeter:
         #: Reports folded before the store counted the view they answer (a view made from bounds: the count
         #: needs the tokenizer): ``(data, count function)``, paired by :meth:`pair` when something counts.
         self.pending: deque[tuple[dict[str, Any], Callable[..., Any]]] = deque(maxlen=REBUILD_REPORTS)
+        #: Reports ever made pending (the newest's number; ``pending`` loses its oldest only, from the left) ...
+        self._pending_no = 0
+        #: ... and ``(number, provider's count, bound)`` of the pending reports that predict a view's count, each
+        #: predicting more per token of bound than every later one: the first predicts the most (_pending_fit).
+        self._worst: deque[tuple[int, int, int]] = deque()
         self.calibration = Calibration()
         #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
         self.served: tuple[int, int | Callable[..., Any] | None, Key] | None = None
@@ -96,7 +101,7 @@ class UsageMeter:
             self._fold(data)
             view = data.get("view")
             if data.get("estimated_tokens") is None and isinstance(view, dict):
-                self.pending.append((data, self._logged_view(view)))
+                self._add_pending(data, self._logged_view(view))
 
     def _fold(self, data: dict[str, Any]) -> None:
         if isinstance(data.get("id"), str):
@@ -139,7 +144,7 @@ class UsageMeter:
             data["view"] = dict(later.view)  # type: ignore[attr-defined]
         self._fold(data)
         if later is not None:
-            self.pending.append((data, later))
+            self._add_pending(data, later)
         self._write(data)
         return data
 
@@ -196,15 +201,29 @@ class UsageMeter:
             view = await views.view(refit(), source)
         return view
 
+    def _add_pending(self, data: dict[str, Any], count: Callable[..., Any]) -> None:
+        self.pending.append((data, count))  # (at most REBUILD_REPORTS: the oldest is dropped)
+        self._pending_no += 1
+        reported, b = request_tokens(data), data["view"].get("bound")
+        if reported and type(b) is int and b > 0:
+            worst = self._worst
+            while worst and worst[-1][1] * b <= reported * worst[-1][2]:  # (predicts no more than this one)
+                worst.pop()
+            worst.append((self._pending_no, reported, b))
+
     def _pending_fit(self, budget: int, bound: int) -> bool:
         """Whether a view of at most ``bound`` tokens fits the provider's ``budget`` by every pending report:
-        the provider counted ``r`` for a view of bound ``b``, so this one is predicted at ``r * bound / b``."""
-        cfg = self._s.compaction
-        for data, _ in self.pending:
-            reported, b = request_tokens(data), data["view"].get("bound")
-            if reported and type(b) is int and b > 0 and not fits(int(reported * bound / b) + 1, budget, cfg):
-                return False
-        return True
+        the provider counted ``r`` for a view of bound ``b``, so this one is predicted at ``r * bound / b``.
+        Only the report with the largest ``r / b`` is asked (the others predict no more): a turn's cost does
+        not grow with the reports pending (up to REBUILD_REPORTS of them)."""
+        worst = self._worst
+        oldest = self._pending_no - len(self.pending) + 1  # (the number of the oldest report still pending)
+        while worst and worst[0][0] < oldest:
+            worst.popleft()
+        if not worst:
+            return True
+        _, reported, b = worst[0]
+        return fits(int(reported * bound / b) + 1, budget, self._s.compaction)
 
     def _write(self, data: dict[str, Any]) -> None:
         """Off the request path: an inline writer keeps the record for its next write (or close) as it does the

@@ -79,8 +79,13 @@ def anchor(view: RequestView, history: Sequence[Message], tokens: Sequence[int],
 
 
 def extend(base: Anchor, history: Sequence[Message], tokens: Sequence[int], budget: int, config: CompactionConfig,
-           count: Callable[[Message], int], copy: Callable[[Any], Any]) -> tuple[RequestView, Anchor] | None:
-    """The view after messages were appended to the history (nothing else changed), or None to rebuild."""
+           count: Callable[[Message], int], copy: Callable[[Any], Any], in_place: bool = False
+           ) -> tuple[RequestView, Anchor] | None:
+    """The view after messages were appended to the history (nothing else changed), or None to rebuild.
+
+    ``in_place``: the new view's message list is the previous view's, its tail replaced (O(tail), where a new
+    list costs O(view)); only for a list nobody else holds (the store hands out copies of it). Nothing is
+    changed when None is returned."""
     n = len(history)
     if n < base.hist_len:
         return None
@@ -91,7 +96,13 @@ def extend(base: Anchor, history: Sequence[Message], tokens: Sequence[int], budg
     total = base.prefix_tokens + sum(toks)
     if (config.auto_compact and total >= config.compact_threshold * budget) or total > budget:
         return None
-    view_msgs = base.view.messages[: base.k] + copy(msgs)
+    if in_place:
+        view_msgs = base.view.messages
+        tail_copy = copy(msgs)  # (before the list changes: a failing copy leaves the previous view whole)
+        del view_msgs[base.k:]
+        view_msgs += tail_copy
+    else:
+        view_msgs = base.view.messages[: base.k] + copy(msgs)
     history_tokens = base.history_tokens + sum(tokens[base.hist_len:n])
     stats = {**base.view.stats, "message_count": len(view_msgs), "token_count": total, "after_tokens": total,
              "after_messages": len(view_msgs), "before_tokens": history_tokens, "before_messages": n,
