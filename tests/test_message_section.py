@@ -405,3 +405,31 @@ async def test_an_erase_before_the_deferred_seed_drops_it(storage: Path) -> None
         assert await store.verify_erasure(receipt) == []
     assert _head(folder / CHECKPOINT_NAME)["messages_bytes"] > 0
     assert [p.name for p in folder.iterdir() if p.is_file() and NEEDLE in p.read_bytes()] == []
+
+
+@pytest.mark.parametrize("piece", [7, 64, 1 << 20])
+def test_a_section_is_parsed_the_same_whatever_its_lines_and_read_pieces(monkeypatch: pytest.MonkeyPatch,
+                                                                         piece: int) -> None:
+    """parse_messages reads a piece at a time and parses each line where it lies: lines longer than a piece,
+    several in one, nulls, and a malformed line anywhere (reported only once the checksum was read whole)."""
+    monkeypatch.setattr(payload_mod, "_PIECE", piece)
+    lines = [orjson.dumps([{"role": "user", "content": f"m{i}-{j} ü"} for j in range(i % 4 + 1)] + [None] * (i % 2))
+             for i in range(9)]
+    expected = [m for line in lines for m in orjson.loads(line)]
+
+    def section(body: bytes, stored: bytes | None = None) -> tuple[Any, int]:
+        data = b"xx" + (stored or body) + b"\n%08x\n" % zlib.crc32(body + b"\n")
+        return (lambda offset, count: data[offset:offset + count]), len(body)
+
+    read, length = section(b"\n".join(lines))
+    assert payload_mod.parse_messages(read, 2, length, len(expected)) == expected
+    with pytest.raises(payload_mod.CheckpointError, match="items for a state of 12 messages"):
+        payload_mod.parse_messages(read, 2, length, 12)
+    for bad in (b"[1", b"{}", b""):
+        read, length = section(b"\n".join([*lines[:4], bad, *lines[4:]]))
+        with pytest.raises(payload_mod.CheckpointError, match="malformed message section"):
+            payload_mod.parse_messages(read, 2, length, len(expected))
+    body = b"\n".join(lines)
+    read, length = section(body, body.replace(b"m3-0", b"m3-1"))  # (a message changed after its checksum)
+    with pytest.raises(payload_mod.CheckpointError, match="checksum mismatch"):
+        payload_mod.parse_messages(read, 2, length, len(expected))

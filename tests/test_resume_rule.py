@@ -260,3 +260,47 @@ async def test_the_histories_own_transcript_is_ignored_without_its_checks(storag
     assert ignored[0]["count"] == len(offered) and ignored[1]["count"] == 2
     assert ignored[0]["reason"] == ignored[2]["reason"]
     assert len(_of(storage, "transcript_edited")) == 1
+
+
+@pytest.mark.parametrize("thread_bytes", [1, 1 << 40])
+async def test_the_digest_of_the_histories_own_transcript_is_the_same_made_on_a_thread_or_not(
+        storage: Path, monkeypatch: pytest.MonkeyPatch, thread_bytes: int) -> None:
+    """The usual resume's transcript is encoded before it is compared and digested on a thread (large ones) while
+    it is: the record holds the digest of its bytes either way, and a transcript that turns out not to be the
+    history's (an edit, a NaN the encode let through) is thrown away and takes the whole path."""
+    import hashlib
+
+    import orjson
+
+    from context_persistent.store import edits
+
+    monkeypatch.setattr(edits, "THREAD_DIGEST_BYTES", thread_bytes)
+    plain = [m for m in HISTORY if m is not CALL] + [CALL]
+    await _seed(storage, plain)
+    offered = _transcript(plain)
+    async with await _open(storage) as s:
+        await s.set_messages(offered)
+        edited = [*offered[:1], {"role": "assistant", "content": "a1, edited"}, *offered[2:]]
+        await s.set_messages(edited)
+        with pytest.raises(ValueError, match="NaN"):
+            await s.set_messages([*offered[:-1], {**offered[-1], "n": float("nan")}])
+        assert await s.get_messages() == plain
+    ignored = _of(storage, "transcript_ignored")
+    assert [d["kind"] for d in ignored] == ["filtered_transcript"]
+    payload = orjson.dumps(offered)
+    assert ignored[0]["digest"] == "sha256:" + hashlib.sha256(payload).hexdigest()
+    assert ignored[0]["bytes"] == len(payload) and ignored[0]["count"] == len(offered)
+    edited_record = _of(storage, "transcript_edited")
+    assert len(edited_record) == 1 and edited_record[0]["digest"] == "sha256:" + hashlib.sha256(
+        orjson.dumps(edited)).hexdigest()
+
+
+def test_a_digest_made_on_a_thread_equals_one_made_at_once() -> None:
+    from context_persistent.model import events as ev
+    from context_persistent.store.edits import THREAD_DIGEST_BYTES, _Digest
+
+    big = b"x" * (THREAD_DIGEST_BYTES + 7)
+    on_thread = _Digest(big)
+    assert on_thread._thread is not None and on_thread.value() == ev.digest(big) and on_thread._thread is None
+    small = _Digest(b"[]")
+    assert small._thread is None and small.value() == ev.digest(b"[]")

@@ -60,7 +60,9 @@ def is_stored_transcript(history: Any, offered: Any) -> bool:
     for m in offered:
         if type(m) is not dict or m.get("role") in skips:
             return False
-    mine = _conversation(history) if len(history) >= len(offered) else []
+    if len(history) < len(offered):
+        return False
+    mine = _conversation(history)
     if len(mine) < len(offered):
         return False
     del mine[len(offered):]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConcurrencyError
@@ -25,6 +26,39 @@ logger = logging.getLogger("context_persistent")
 
 def _array(parts: list[bytes]) -> bytes:
     return b"[" + b",".join(parts) + b"]"
+
+
+#: A payload of at least this many bytes is digested on a thread (:class:`_Digest`); a smaller one at once.
+THREAD_DIGEST_BYTES = 1 << 20
+
+
+class _Digest:
+    """``ev.digest(payload)``, made on a thread of its own for a large payload: hashlib lets other threads run
+    while it hashes, so what the caller does meanwhile (the resume rule's comparison of the transcript, about as
+    long at 100k messages) costs no extra time where a second core is free. :meth:`value` waits for it."""
+
+    def __init__(self, payload: bytes) -> None:
+        self._payload = payload
+        self._value: str | None = None
+        self._thread: threading.Thread | None = None
+        if len(payload) >= THREAD_DIGEST_BYTES:
+            thread = threading.Thread(target=self._run, name="context-persistent-digest", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # (no thread to be had: made in value())
+                return
+            self._thread = thread
+
+    def _run(self) -> None:
+        self._value = ev.digest(self._payload)
+
+    def value(self) -> str:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._value is None:  # (small, no thread, or the thread failed: made here)
+            self._value = ev.digest(self._payload)
+        return self._value
 
 
 class HistoryEdits:
@@ -79,19 +113,25 @@ class HistoryEdits:
         """The resume rule's usual case, decided before the transcript is checked and encoded message by
         message: the history's own conversation messages (model/resume.is_stored_transcript), a filtered
         transcript, ignored and audited as :meth:`_resume_rule` does. Its messages equal stored ones, so the
-        checks they passed when stored hold: one encode for the audit record's digest is all it costs. False
-        (nothing done) for anything else, which takes the whole path."""
+        checks they passed when stored hold: one encode for the audit record's digest is all it costs, and the
+        digest of a large one is made on a thread while the transcript is compared (:class:`_Digest`). The
+        encode is made first and used only once the comparison says it is such a transcript (it skips the
+        checks: of anything else it is thrown away). False (nothing done) for anything else, which takes the
+        whole path."""
         from ..model.resume import FILTERED, is_stored_transcript
 
-        if not is_stored_transcript(self._s.full().messages, messages) or len(messages) >= MAX_BATCH:
+        if type(messages) is not list or not messages or len(messages) >= MAX_BATCH:
             return False
         try:
             payload = codec.dumps_stored(messages)
         except (TypeError, ValueError):  # (orjson's errors: a lone surrogate, a subclass: the whole path says)
             return False
+        digest = _Digest(payload)
+        if not is_stored_transcript(self._s.full().messages, messages):
+            return False
         self._appends.end_replay()
         await self._ignore(len(messages), payload, FILTERED, "a filtered transcript of the history the store "
-                           "loaded from its own log, which is authoritative")
+                           "loaded from its own log, which is authoritative", digest.value())
         return True
 
     async def _resume_rule(self, count: int, payload: bytes, secrets: list[dict[str, Any]] | None,
@@ -201,8 +241,10 @@ class HistoryEdits:
         if secrets:
             await self._s.emit(EVENT_SECRET_REDACTED, {"seq": seq, "secrets": secrets})
 
-    async def _ignore(self, count: int, payload: bytes, kind: str, reason: str) -> None:
-        info = {"count": count, "digest": ev.digest(payload), "bytes": len(payload), "kind": kind, "reason": reason}
+    async def _ignore(self, count: int, payload: bytes, kind: str, reason: str, digest: str | None = None) -> None:
+        """The audit record of a ``set_messages`` ignored (``digest``: ``ev.digest(payload)`` if made already)."""
+        info = {"count": count, "digest": digest or ev.digest(payload), "bytes": len(payload), "kind": kind,
+                "reason": reason}
         logger.info("session %s: set_messages with %d messages ignored (%s)", self._s.session_id, count, reason)
         # An audit record that changes no view: it rides with the next append (or the close) like a request
         # view's, instead of costing a resumed CLI turn a sync of its own (#23).

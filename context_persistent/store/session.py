@@ -370,4 +370,4 @@ def _in_memory(messages: Any) -> bool:
     from ..model.history_lists import PagedList
 
     return type(messages) is list or (
-        type(messages) is PagedList and len(getattr(messages.pager, "_cache", ())) >= len(messages) * 0.9)
+        type(messages) is PagedList and getattr(messages.pager, "held_messages", 0) >= len(messages) * 0.9)

@@ -191,7 +191,7 @@ def parse_messages(read: Callable[[int, int], bytes], start: int, length: int, n
     damaged or malformed; the caller reads the messages from the log instead and says so)."""
     items: list[Any] = []
     crc, pos = 0, 0
-    pending: list[bytes] = []  # (the start of a line not complete yet)
+    pending = bytearray()  # (the start of a line not complete yet)
     malformed: str | None = None
     while pos < length:
         block = read(start + pos, min(_PIECE, length - pos))
@@ -201,21 +201,31 @@ def parse_messages(read: Callable[[int, int], bytes], start: int, length: int, n
         crc = zlib.crc32(block, crc)
         if malformed is not None:
             continue  # (the rest only for the checksum: a damaged section is reported as damaged)
-        cut = block.rfind(b"\n") if pos < length else len(block)
+        if pending:
+            pending += block
+            data: Any = pending
+        else:
+            data = block
+        cut = data.rfind(b"\n") if pos < length else len(data)
         if cut < 0:
-            pending.append(block)
+            if data is block:
+                pending += block
             continue
-        pending.append(block[:cut])
-        text = b"".join(pending) if len(pending) > 1 else pending[0]
-        pending = [block[cut + 1:]]
-        try:
-            for line in text.split(b"\n"):
-                part = json_lossless.loads(line)
-                if type(part) is not list:
-                    raise ValueError(f"a line holds {type(part).__name__}, not an array")
-                items.extend(part)
+        try:  # (each line parsed where it lies: no copy of the piece split into lines)
+            with memoryview(data) as view:
+                at = 0
+                while True:
+                    nl = data.find(b"\n", at, cut)
+                    part = json_lossless.loads(view[at:cut if nl < 0 else nl])
+                    if type(part) is not list:
+                        raise ValueError(f"a line holds {type(part).__name__}, not an array")
+                    items.extend(part)
+                    if nl < 0:
+                        break
+                    at = nl + 1
+                pending = bytearray(view[cut + 1:])
         except (orjson.JSONDecodeError, ValueError) as e:
-            malformed, items = str(e), []
+            malformed, items, pending = str(e), [], bytearray()
     trailer = read(start + length, 1 + _TRAILER)
     got = b"\n%08x\n" % zlib.crc32(b"\n", crc)
     if trailer != got:
