@@ -304,3 +304,26 @@ def test_a_digest_made_on_a_thread_equals_one_made_at_once() -> None:
     assert on_thread._thread is not None and on_thread.value() == ev.digest(big) and on_thread._thread is None
     small = _Digest(b"[]")
     assert small._thread is None and small.value() == ev.digest(b"[]")
+
+
+def test_only_plain_dicts_equal_to_the_history_are_its_own_transcript() -> None:
+    """The usual case is decided in C (list equality, then the items' types): an object that answers == with
+    True, or a dict subclass (which may), is not taken for the history's message; a system message never is."""
+    from context_persistent.model.resume import is_stored_transcript
+
+    class Liar:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = None  # type: ignore[assignment]
+
+    class Dict(dict):  # type: ignore[type-arg]
+        pass
+
+    history = [SYSTEM, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert is_stored_transcript(history, [dict(m) for m in history[1:]])
+    assert is_stored_transcript(history, [dict(history[1])])  # (a turn behind)
+    assert not is_stored_transcript(history, [dict(history[1]), Liar()])
+    assert not is_stored_transcript(history, [Dict(history[1]), dict(history[2])])
+    assert not is_stored_transcript(history, [dict(m) for m in history])  # (the system message too)
+    assert not is_stored_transcript(history, [dict(history[2])])  # (not from the first)

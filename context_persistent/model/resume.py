@@ -54,20 +54,20 @@ def is_stored_transcript(history: Any, offered: Any) -> bool:
     Such a transcript holds nothing the store did not check when it stored it (every message equals a stored
     one, or the same less some of its keys), so the resume rule can ignore it without checking it again
     (store/edits.py)."""
-    if type(offered) is not list or not offered:
-        return False
-    skips = TRANSCRIPT_SKIPS
-    for m in offered:
-        if type(m) is not dict or m.get("role") in skips:
-            return False
-    if len(history) < len(offered):
+    if type(offered) is not list or not offered or len(history) < len(offered):
         return False
     mine = _conversation(history)
     if len(mine) < len(offered):
         return False
     del mine[len(offered):]
-    if mine == offered:  # (compared in C: the usual case)
+    # The usual case, checked in C: plain dicts (a subclass could answer == as it likes), each equal to a
+    # conversation message of ours, so none is a system or developer message and none holds anything new.
+    if mine == offered and set(map(type, offered)) == {dict}:
         return True
+    skips = TRANSCRIPT_SKIPS
+    for m in offered:
+        if type(m) is not dict or m.get("role") in skips:
+            return False
     return all(o == h or o == normalise(h) for h, o in zip(mine, offered))
 
 
