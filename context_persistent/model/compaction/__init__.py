@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..grouping import Group, RepairReport, analyse, is_real_user_turn, is_system
@@ -16,6 +15,7 @@ from ._base import (
     CompactionRequest, CompactionResult, Plan, count_view, finish, marker_message, summary_message, truncate_message,
 )
 from .invariants import check_view
+from ..values import Frozen
 
 __all__ = [
     "STRATEGIES",
@@ -36,6 +36,10 @@ __all__ = [
 
 STRATEGIES = ("simple", "smart", "head_tail", "custom")
 Message = dict[str, Any]
+#: The fields of a CompactionConfig (the arguments of its ``__init__``, in order).
+_CONFIG_FIELDS = ("auto_compact", "compact_threshold", "target_usage", "strategy", "keep_recent", "keep_head",
+                  "mask_min_tokens", "custom", "summarizer")
+_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 @runtime_checkable
@@ -77,8 +81,7 @@ def resolve_callable(spec: Any) -> Any:
     return spec
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
+class CompactionConfig(Frozen):
     """How request views are compacted. Every field is validated here; a ``ValueError`` states the rule.
 
     - ``compact_threshold``: compact when the view's tokens reach ``compact_threshold * budget``.
@@ -92,18 +95,27 @@ class CompactionConfig:
     - ``summarizer``: optional ``async (dropped_messages: list[dict]) -> str``; its summary replaces the marker.
     """
 
-    auto_compact: bool = True
-    compact_threshold: float = 0.92
-    target_usage: float = 0.5
-    strategy: str = "smart"
-    keep_recent: int = 20
-    keep_head: int = 2
-    mask_min_tokens: int = 500
-    custom: Callable[..., Any] | str | None = None
-    summarizer: Callable[[list[Message]], Awaitable[str] | str] | None = None
-    custom_impl: Any = field(default=None, init=False, repr=False, compare=False)
+    __slots__ = ("auto_compact", "compact_threshold", "target_usage", "strategy", "keep_recent", "keep_head",
+                 "mask_min_tokens", "custom", "summarizer", "custom_impl")
+    auto_compact: bool
+    compact_threshold: float
+    target_usage: float
+    strategy: str
+    keep_recent: int
+    keep_head: int
+    mask_min_tokens: int
+    custom: Callable[..., Any] | str | None
+    summarizer: Callable[[list[Message]], Awaitable[str] | str] | None
+    custom_impl: Any  #: ``custom`` resolved (not an argument; not compared or printed)
 
-    def __post_init__(self) -> None:
+    def __init__(self, auto_compact: bool = True, compact_threshold: float = 0.92, target_usage: float = 0.5,
+                 strategy: str = "smart", keep_recent: int = 20, keep_head: int = 2, mask_min_tokens: int = 500,
+                 custom: Callable[..., Any] | str | None = None,
+                 summarizer: Callable[[list[Message]], Awaitable[str] | str] | None = None) -> None:
+        for name, value in zip(_CONFIG_FIELDS, (auto_compact, compact_threshold, target_usage, strategy, keep_recent,
+                                                keep_head, mask_min_tokens, custom, summarizer)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "custom_impl", None)
         if not isinstance(self.auto_compact, bool):
             raise ValueError(f"auto_compact must be a bool, got {self.auto_compact!r}")
         _fraction("compact_threshold", self.compact_threshold)
@@ -126,6 +138,9 @@ class CompactionConfig:
         elif self.custom is not None:
             raise ValueError(f"custom is set but strategy is {self.strategy!r}; set strategy='custom' to use it")
 
+    def _fields(self) -> tuple[str, ...]:
+        return _CONFIG_FIELDS
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CompactionConfig:
         """Pick the known keys of a module config (unknown keys are ignored: they belong to others).
@@ -135,7 +150,7 @@ class CompactionConfig:
         """
         aliases = {"compaction_strategy": "strategy", "compaction_threshold": "compact_threshold",
                    "custom_strategy": "custom"}
-        known = {f for f in cls.__dataclass_fields__ if f != "custom_impl"}
+        known = set(_CONFIG_FIELDS)
         kwargs: dict[str, Any] = {}
         for key, value in config.items():
             name = aliases.get(key, key)
@@ -146,14 +161,20 @@ class CompactionConfig:
         return cls(**kwargs)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestView:
+class RequestView(Frozen):
     """What a provider receives: new message dicts, their token count, and stats for events."""
 
+    __slots__ = ("messages", "token_count", "compacted", "stats")
     messages: list[Message]
     token_count: int
     compacted: bool
     stats: dict[str, Any]
+
+    def __init__(self, messages: list[Message], token_count: int, compacted: bool, stats: dict[str, Any]) -> None:
+        _set(self, "messages", messages)
+        _set(self, "token_count", token_count)
+        _set(self, "compacted", compacted)
+        _set(self, "stats", stats)
 
 
 def make_strategy(config: CompactionConfig) -> CompactionStrategy:

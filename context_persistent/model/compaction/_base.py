@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..grouping import Group, result_block_id
+from ..values import Value
 
 Message = dict[str, Any]
 
@@ -55,21 +56,31 @@ class CompactionResult:
     token_counts: list[int] | None = None
 
 
-@dataclass(slots=True)
-class Plan:
+class Plan(Value):
     """Which groups are kept and which messages are replaced, with a running token total.
 
     ``total`` includes an upper-bound estimate of one marker per left-out span, so a plan that fits its
     limit still fits once the markers are in.
     """
 
+    __slots__ = ("request", "keep", "marker_cost", "intro_cost", "replaced", "kept_tokens", "spans")
     request: CompactionRequest
     keep: list[bool]
     marker_cost: int
-    intro_cost: int = 0
-    replaced: dict[int, tuple[Message, int]] = field(default_factory=dict)
-    kept_tokens: int = 0
-    spans: int = 0
+    intro_cost: int
+    replaced: dict[int, tuple[Message, int]]
+    kept_tokens: int
+    spans: int
+
+    def __init__(self, request: CompactionRequest, keep: list[bool], marker_cost: int, intro_cost: int = 0,
+                 replaced: dict[int, tuple[Message, int]] | None = None, kept_tokens: int = 0, spans: int = 0) -> None:
+        self.request = request
+        self.keep = keep
+        self.marker_cost = marker_cost
+        self.intro_cost = intro_cost
+        self.replaced = {} if replaced is None else replaced
+        self.kept_tokens = kept_tokens
+        self.spans = spans
 
     @classmethod
     def start(cls, request: CompactionRequest, keep: Sequence[bool]) -> Plan:
