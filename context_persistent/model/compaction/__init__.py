@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..grouping import Group, RepairReport, analyse, is_real_user_turn, is_system
-from ._base import (
-    CompactionRequest, CompactionResult, Plan, count_view, finish, marker_message, summary_message, truncate_message,
-)
+from ..grouping import Analysis, Group, RepairReport, analyse, is_real_user_turn, is_system
+from ._base import Plan, count_view, finish, marker_message, summary_message, truncate_message
 from .invariants import check_view
 from ..values import Frozen
+
+if TYPE_CHECKING:
+    from .request import CompactionRequest, CompactionResult
 
 __all__ = [
     "STRATEGIES",
@@ -198,24 +199,38 @@ def _request(
     config: CompactionConfig, count: Callable[[Message], int],
 ) -> tuple[CompactionRequest, RepairReport]:
     """Repair, count (reusing ``tokens`` for unchanged messages), group, and mark what must be kept."""
+    found, toks, pins = _repaired(messages, tokens, pinned, count)
+    return _made_request(found, toks, pins, budget, config, count), found.report
+
+
+def _repaired(messages: Sequence[Message], tokens: Sequence[int], pinned: Sequence[bool],
+              count: Callable[[Message], int]) -> tuple[Analysis, list[int], list[bool]]:
+    """The repaired sequence and its groups, with each message's count and pin (of the message it came from)."""
     found = analyse(messages)
-    msgs, groups = found.messages, found.groups
     toks: list[int] = []
     pins: list[bool] = []
-    for m, src in zip(msgs, found.sources):
+    for m, src in zip(found.messages, found.sources):
         toks.append(tokens[src] if src is not None and m is messages[src] else count(m))
         pins.append(bool(pinned[src]) if src is not None else False)
+    return found, toks, pins
+
+
+def _made_request(found: Analysis, toks: list[int], pins: list[bool], budget: int, config: CompactionConfig,
+                  count: Callable[[Message], int]) -> CompactionRequest:
+    """The request of a compaction (request.py loads with the first one)."""
+    from .request import CompactionRequest
+
+    msgs, groups = found.messages, found.groups
     group_tokens = [sum(toks[g.start : g.stop]) for g in groups]
     tail_start = _tail_start(msgs, groups)
     protected = [
         gi >= tail_start or any(pins[i] or is_system(msgs[i]) for i in g.indices) for gi, g in enumerate(groups)
     ]
-    request = CompactionRequest(
+    return CompactionRequest(
         messages=msgs, tokens=toks, pinned=pins, groups=groups, group_tokens=group_tokens,
         protected=protected, tail_start=tail_start, budget=budget,
         target=int(config.target_usage * budget), count=count, config=config,
     )
-    return request, found.report
 
 
 def _tail_start(messages: Sequence[Message], groups: Sequence[Group]) -> int:
@@ -247,19 +262,20 @@ async def build_request_view(
             f"messages, tokens and pinned must have the same length ({len(messages)}, {len(tokens)}, {len(pinned)})"
         )
     _positive_int("budget", budget, 1)
-    request, report = _request(messages, tokens, pinned, budget, config, count)
-    before = sum(request.tokens)
+    found, toks, pins = _repaired(messages, tokens, pinned, count)
+    before = sum(toks)
     stats: dict[str, Any] = {
         "budget": budget, "strategy": config.strategy, "strategy_used": None,
         "before_tokens": sum(tokens), "before_messages": len(messages),
         "groups_dropped": 0, "outputs_masked": 0, "truncated": 0, "summarized": False,
-        "warning": None, "repairs": report.as_dict(),
+        "warning": None, "repairs": found.report.as_dict(),
     }
     if not config.auto_compact or before < config.compact_threshold * budget:
-        out = [dict(m) for m in request.messages] if copy else list(request.messages)
+        out = [dict(m) for m in found.messages] if copy else list(found.messages)
         if before > budget:
             stats["warning"] = f"view needs {before:,} tokens, over the budget of {budget:,} (auto_compact is off)"
         return _view(out, before, False, stats)
+    request = _made_request(found, toks, pins, budget, config, count)
     result = await _run(make_strategy(config), request, stats)
     total = sum(result.token_counts) if result.token_counts is not None else count_view(request, result.messages)
     for key in ("groups_dropped", "outputs_masked", "truncated", "summarized"):
@@ -277,6 +293,7 @@ async def build_request_view(
 async def _run(strategy: CompactionStrategy, request: CompactionRequest, stats: dict[str, Any]) -> CompactionResult:
     """Run ``strategy``; an exception or an invalid view from a custom strategy falls back to smart."""
     from .custom import CustomStrategy, InvalidViewError
+    from .request import CompactionResult
     from .smart import SmartStrategy
 
     name = request.config.strategy
@@ -298,3 +315,13 @@ async def _run(strategy: CompactionStrategy, request: CompactionRequest, stats: 
 def _view(out: list[Message], total: int, compacted: bool, stats: dict[str, Any]) -> RequestView:
     stats.update(message_count=len(out), token_count=total, after_tokens=total, after_messages=len(out))
     return RequestView(out, total, compacted, stats)
+
+
+def __getattr__(name: str) -> Any:
+    """``CompactionRequest`` and ``CompactionResult`` load from request.py on first use (a turn that compacts
+    nothing does not pay for their dataclasses)."""
+    if name in ("CompactionRequest", "CompactionResult"):
+        from . import request
+
+        return getattr(request, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
