@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
 
 from context_persistent.model.values import Frozen, Value, replace
+from context_persistent.storage.manifest import Compressed, Manifest, Segment
 
 
 class Point(Frozen):
@@ -74,3 +77,13 @@ def test_replace_makes_a_changed_copy_through_init() -> None:
         replace(a, z=1)
     with pytest.raises(TypeError, match="no field '_cache'"):  # (an internal slot is not a field)
         replace(a, _cache=[])
+
+
+def test_frozen_values_copy_and_pickle() -> None:
+    a = Point(1, {"k": [1]})
+    b = copy.deepcopy(a)
+    assert b == a and b.y is not a.y and b._cache == [1] and copy.copy(a).y is a.y
+    seg = Segment("segment-000001.jsonl", 1, 2, "a", "b", 0, 10, "sha256:x", Compressed(5, "sha256:y", ((0, 0),)))
+    manifest = Manifest("s", (seg,))
+    again = pickle.loads(pickle.dumps(manifest))
+    assert again == manifest and again.index_at(5) == 0 and again.segments[0].file == "segment-000001.jsonl.zst"

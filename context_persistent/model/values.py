@@ -10,7 +10,8 @@ order of its ``__init__``; a name starting with ``_`` is internal: not compared,
 - :class:`Value`: ``==`` and ``repr`` as a dataclass's (same class, fields equal; ``Name(field=value, ...)``);
   mutable, so not hashable (as a dataclass with ``eq`` and without ``frozen``).
 - :class:`Frozen`: that, hashable by its fields, and assigning a field raises ``FrozenInstanceError`` (its
-  ``__init__`` sets them with ``object.__setattr__``, as a frozen dataclass's does).
+  ``__init__`` sets them with ``object.__setattr__``, as a frozen dataclass's does); copied and pickled as a
+  frozen slotted dataclass is.
 - :func:`replace`: ``dataclasses.replace`` for them (a copy with some fields changed, through ``__init__``).
 """
 
@@ -58,6 +59,15 @@ class Frozen(Value):
         from dataclasses import FrozenInstanceError
 
         raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getstate__(self) -> tuple[Any, ...]:  # (copy and pickle: the slots' values, set back below)
+        names: tuple[str, ...] = type(self).__slots__
+        return tuple(getattr(self, n) for n in names)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        names: tuple[str, ...] = type(self).__slots__
+        for n, v in zip(names, state):
+            object.__setattr__(self, n, v)
 
 
 def replace(obj: V, **changes: Any) -> V:
