@@ -56,12 +56,18 @@ async def main():
 validated = asyncio.run(main())
 compiled = {name: getattr(text, name).cache_info().currsize if hasattr(text, name) else None
             for name in ("cjk", "query_patterns")}
-print(json.dumps({"modules": sorted(sys.modules), "validated": validated, **compiled}))
+dataclasses = sorted(f"{m.__name__}.{v.__qualname__}" for name, m in list(sys.modules.items())
+                     if name.startswith("context_persistent") for v in vars(m).values()
+                     if isinstance(v, type) and v.__module__ == name and "__dataclass_fields__" in vars(v))
+print(json.dumps({"modules": sorted(sys.modules), "validated": validated, "dataclasses": dataclasses, **compiled}))
 """
 
-#: Loaded by a query, a trash, a calibration fit, a gzipped tokenizer file or a token count: never by a turn.
+#: Loaded by a query, a trash, a calibration fit, a gzipped tokenizer file, a token count, an erase, a
+#: retention policy or a compaction: never by a turn (that compacts nothing).
 NOT_ON_THE_TURN_PATH = ("context_persistent.operations.search.api", "context_persistent.operations.search.opening",
-                        "context_persistent.model.retention", "statistics", "gzip", "tiktoken")
+                        "context_persistent.model.retention", "statistics", "gzip", "tiktoken",
+                        "context_persistent.store.erase", "context_persistent.operations.retention_on_open",
+                        "context_persistent.model.compaction.request")
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +90,13 @@ def test_a_turn_loads_neither_the_query_side_nor_what_only_rare_paths_need(turn:
     assert (turn["storage"] / ".search" / "index.sqlite3").exists()
     assert turn["validated"] in (True, None)
     assert sorted(loaded & set(NOT_ON_THE_TURN_PATH)) == []
+
+
+def test_the_classes_a_turn_loads_are_not_dataclasses(turn: dict) -> None:
+    """``@dataclass`` compiles a class's methods from source at import (0.5-1 ms each, every turn): the value
+    classes a turn loads are plain slotted classes (model/values.py). The dataclasses a custom compaction
+    strategy gets and returns (compaction/request.py) load with the first compaction."""
+    assert turn["dataclasses"] == []
 
 
 def test_a_turn_of_ascii_text_compiles_no_search_pattern(turn: dict) -> None:

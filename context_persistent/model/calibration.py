@@ -27,11 +27,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from operator import truediv
 from typing import Any, Final
 
 from .usage import request_tokens
+from .values import Frozen
 
 #: Reports kept per (provider, model): the fit follows the newest, so a model whose counting changes (a new
 #: version behind the same name) is followed within this many reports.
@@ -41,17 +41,23 @@ MARGIN: Final = 0.05
 #: Two reports give a slope only when one request is at least this many times the other's size (closer ones
 #: amplify a wobble of the counts into a wrong slope).
 SPREAD: Final = 2.0
+_set = object.__setattr__  # (the frozen classes' __init__)
 
 
-@dataclass(frozen=True, slots=True)
-class Prior:
+class Prior(Frozen):
     """The slope assumed before a provider has reported, and where that number comes from."""
 
+    __slots__ = ("slope", "source", "upper")
     slope: float
     source: str
     #: The slope is a published upper end for this provider: used as the slope until reports spread (else
     #: the whole ratio of the reports is, which needs no assumption).
-    upper: bool = True
+    upper: bool
+
+    def __init__(self, slope: float, source: str, upper: bool = True) -> None:
+        _set(self, "slope", slope)
+        _set(self, "source", source)
+        _set(self, "upper", upper)
 
 
 #: Per-provider priors, matched on the provider and model names (first match wins). Claude's tokenizer is not
@@ -76,15 +82,22 @@ def prior_for(provider: str | None, model: str | None) -> Prior:
     return UNKNOWN_PRIOR
 
 
-@dataclass(frozen=True, slots=True)
-class Fit:
+class Fit(Frozen):
     """``reported ~ slope * estimated + overhead`` for one (provider, model), and how it was made."""
 
+    __slots__ = ("slope", "overhead", "reports", "calibrated", "prior")
     slope: float
     overhead: int
     reports: int
     calibrated: bool
     prior: Prior
+
+    def __init__(self, slope: float, overhead: int, reports: int, calibrated: bool, prior: Prior) -> None:
+        _set(self, "slope", slope)
+        _set(self, "overhead", overhead)
+        _set(self, "reports", reports)
+        _set(self, "calibrated", calibrated)
+        _set(self, "prior", prior)
 
     def predict(self, estimated: int) -> float:
         """The provider's count expected for a request the store counts ``estimated`` tokens."""

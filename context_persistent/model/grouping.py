@@ -34,14 +34,16 @@ objects by :func:`analyse` (callers that hand messages out must copy them; :func
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from .values import Frozen
 
 GroupKind = Literal["system", "user", "assistant", "tool", "other"]
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 CALL_BLOCK_TYPES = frozenset({"tool_use", "tool_call"})
 _RESULT_ROLES = frozenset({"tool", "function"})
+_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 def placeholder_text(name: str, call_id: str) -> str:
@@ -123,13 +125,18 @@ def has_result_blocks(message: dict[str, Any]) -> bool:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
+class Group(Frozen):
     """Messages ``[start, stop)`` of a (repaired) sequence that are kept or left out together."""
 
+    __slots__ = ("start", "stop", "kind")
     start: int
     stop: int
     kind: GroupKind
+
+    def __init__(self, start: int, stop: int, kind: GroupKind) -> None:
+        _set(self, "start", start)
+        _set(self, "stop", stop)
+        _set(self, "kind", kind)
 
     @property
     def indices(self) -> range:
@@ -143,14 +150,21 @@ class Group:
         return sum(tokens[self.start : self.stop])
 
 
-@dataclass(frozen=True, slots=True)
-class RepairReport:
+class RepairReport(Frozen):
     """What :func:`analyse` changed to make a sequence valid for providers (call ids, in order)."""
 
-    orphan_results_dropped: tuple[str, ...] = ()
-    placeholders_added: tuple[str, ...] = ()
-    results_moved: tuple[str, ...] = ()
-    empty_tool_calls_removed: int = 0
+    __slots__ = ("orphan_results_dropped", "placeholders_added", "results_moved", "empty_tool_calls_removed")
+    orphan_results_dropped: tuple[str, ...]
+    placeholders_added: tuple[str, ...]
+    results_moved: tuple[str, ...]
+    empty_tool_calls_removed: int
+
+    def __init__(self, orphan_results_dropped: tuple[str, ...] = (), placeholders_added: tuple[str, ...] = (),
+                 results_moved: tuple[str, ...] = (), empty_tool_calls_removed: int = 0) -> None:
+        _set(self, "orphan_results_dropped", orphan_results_dropped)
+        _set(self, "placeholders_added", placeholders_added)
+        _set(self, "results_moved", results_moved)
+        _set(self, "empty_tool_calls_removed", empty_tool_calls_removed)
 
     @property
     def changed(self) -> bool:
@@ -176,25 +190,34 @@ class RepairReport:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Analysis:
+class Analysis(Frozen):
     """A repaired sequence, where each message came from, and its groups.
 
     ``sources[i]`` is the input index message ``i`` came from (None for a synthesised placeholder). When
     ``messages[i] is input[sources[i]]`` the message is unchanged and its cached token count still holds.
     """
 
+    __slots__ = ("messages", "sources", "groups", "report")
     messages: list[dict[str, Any]]
     sources: list[int | None]
     groups: list[Group]
     report: RepairReport
 
+    def __init__(self, messages: list[dict[str, Any]], sources: list[int | None], groups: list[Group],
+                 report: RepairReport) -> None:
+        _set(self, "messages", messages)
+        _set(self, "sources", sources)
+        _set(self, "groups", groups)
+        _set(self, "report", report)
 
-@dataclass(slots=True)
+
 class _Unit:
-    kind: GroupKind
-    items: list[tuple[dict[str, Any], int | None]]
-    pending: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (name, format)
+    __slots__ = ("kind", "items", "pending")
+
+    def __init__(self, kind: GroupKind, items: list[tuple[dict[str, Any], int | None]]) -> None:
+        self.kind = kind
+        self.items = items
+        self.pending: dict[str, tuple[str, str]] = {}  # key -> (name, format)
 
 
 def _kind(message: dict[str, Any]) -> GroupKind:

@@ -15,11 +15,11 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
 from .events import USAGE_REPORTED
+from .values import Frozen, Value
 
 #: Who recorded a report (the ``source`` of a ``usage_reported`` event).
 SOURCES: Final = ("amplifier", "openai-agents", "agent-framework", "autogen", "pydantic-ai", "api")
@@ -231,12 +231,15 @@ def request_tokens(data: Mapping[str, Any]) -> int | None:
 PRICE_FIELDS: Final = ("input", "output", "cache_read", "cache_write")
 
 
-@dataclass(frozen=True, slots=True)
-class Prices:
+class Prices(Frozen):
     """A user's price table: USD per million tokens per model name or ``fnmatch`` pattern (docs/tokens.md,
     "Prices"). The package ships none: prices change, and a stale built-in table would be silently wrong."""
 
+    __slots__ = ("models",)
     models: dict[str, dict[str, float]]
+
+    def __init__(self, models: dict[str, dict[str, float]]) -> None:
+        object.__setattr__(self, "models", models)
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "prices") -> "Prices":
@@ -285,21 +288,26 @@ class Prices:
 
 
 # -- the ledger ----------------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Totals:
+class Totals(Value):
     """The sums of a group of reports. ``cost_usd`` sums the known costs; ``uncosted`` counts the reports whose
     cost is unknown (no ``cost_usd`` reported and no price for their model)."""
 
-    reports: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_usd: float = 0.0
-    cost_reported: int = 0
-    cost_priced: int = 0
-    uncosted: int = 0
+    __slots__ = ("reports", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                 "reasoning_tokens", "cost_usd", "cost_reported", "cost_priced", "uncosted")
+
+    def __init__(self, reports: int = 0, input_tokens: int = 0, output_tokens: int = 0, cache_read_tokens: int = 0,
+                 cache_write_tokens: int = 0, reasoning_tokens: int = 0, cost_usd: float = 0.0, cost_reported: int = 0,
+                 cost_priced: int = 0, uncosted: int = 0) -> None:
+        self.reports = reports
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.cache_write_tokens = cache_write_tokens
+        self.reasoning_tokens = reasoning_tokens
+        self.cost_usd = cost_usd
+        self.cost_reported = cost_reported
+        self.cost_priced = cost_priced
+        self.uncosted = uncosted
 
     def add(self, data: Mapping[str, Any], priced: float | None) -> None:
         self.reports += 1
@@ -315,29 +323,29 @@ class Totals:
             self.uncosted += 1
 
     def as_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        out = {name: getattr(self, name) for name in self.__slots__}
         out["cost_usd"] = round(self.cost_usd, 10) if self.reports - self.uncosted else None
         return out
 
 
-@dataclass(slots=True)
-class UsageLedger:
+class UsageLedger(Value):
     """The fold of ``usage_reported`` records into totals grouped ``by`` session, day (UTC, from the record's
     ``ts``) or model; ``since`` (an ISO date or time) leaves out older records. Apply records with
     :meth:`apply`, in any order of sessions; a report with an ``id`` already counted is skipped."""
 
-    by: str = "session"
-    since: str | None = None
-    prices: Prices | None = None
-    groups: dict[str, Totals] = field(default_factory=dict)
-    total: Totals = field(default_factory=Totals)
-    sessions: set[str] = field(default_factory=set)
-    _ids: set[tuple[Any, str]] = field(default_factory=set)
-    skipped_duplicates: int = 0
+    __slots__ = ("by", "since", "prices", "groups", "total", "sessions", "skipped_duplicates", "_ids")
 
-    def __post_init__(self) -> None:
-        if self.by not in GROUPS:
-            raise ValueError(f"by must be one of {', '.join(GROUPS)}; got {self.by!r}")
+    def __init__(self, by: str = "session", since: str | None = None, prices: Prices | None = None) -> None:
+        if by not in GROUPS:
+            raise ValueError(f"by must be one of {', '.join(GROUPS)}; got {by!r}")
+        self.by = by
+        self.since = since
+        self.prices = prices
+        self.groups: dict[str, Totals] = {}
+        self.total = Totals()
+        self.sessions: set[str] = set()
+        self.skipped_duplicates = 0
+        self._ids: set[tuple[Any, str]] = set()  # (the report ids counted)
 
     def apply(self, session_id: str, rec: Mapping[str, Any]) -> bool:
         """Fold one record (others than ``usage_reported`` are ignored); True if it was counted."""

@@ -5,7 +5,7 @@ log, anchored at records the log still holds, and with a state equal to the log 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from ..model.values import replace
 from pathlib import Path
 from typing import Any
 

@@ -18,13 +18,13 @@ import bisect
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from ..errors import ContextPersistentError, LogCorruptedError
+from ..model.values import Frozen
 from .paths import create_private_file, fsync_dir, write_all
 
 #: The default size at which the active segment is sealed and a new one started (docs/operations.md,
@@ -55,6 +55,7 @@ _NAME_RE = re.compile(r"segment-[0-9]{6,}\.jsonl")
 _CRC_RE = re.compile(r"[0-9a-f]{8}")
 _SHA_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _PENDING_OPS = ("seal", "replace", "remove", "expire")
+_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 def segment_name(index: int) -> str:
@@ -72,23 +73,28 @@ class ManifestError(LogCorruptedError):
         self.path, self.line, self.offset, self.reason = str(path), 0, -1, reason
 
 
-@dataclass(frozen=True)
-class Compressed:
+class Compressed(Frozen):
     """A sealed segment stored as zstd frames: the file's size and SHA-256, and where each frame starts
     (``(uncompressed offset in the segment, offset in the file)``, the first is ``(0, 0)``)."""
 
+    __slots__ = ("size", "sha256", "frames")
     size: int
     sha256: str
     frames: tuple[tuple[int, int], ...]
+
+    def __init__(self, size: int, sha256: str, frames: tuple[tuple[int, int], ...]) -> None:
+        _set(self, "size", size)
+        _set(self, "sha256", sha256)
+        _set(self, "frames", frames)
 
     def to_json(self) -> dict[str, Any]:
         return {"size": self.size, "sha256": self.sha256, "frames": [list(f) for f in self.frames]}
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(Frozen):
     """One sealed segment as the manifest records it."""
 
+    __slots__ = ("name", "first_seq", "last_seq", "first_crc", "last_crc", "start", "end", "sha256", "compressed")
     name: str
     first_seq: int
     last_seq: int
@@ -97,7 +103,19 @@ class Segment:
     start: int
     end: int
     sha256: str
-    compressed: Compressed | None = None
+    compressed: Compressed | None
+
+    def __init__(self, name: str, first_seq: int, last_seq: int, first_crc: str, last_crc: str, start: int, end: int,
+                 sha256: str, compressed: Compressed | None = None) -> None:
+        _set(self, "name", name)
+        _set(self, "first_seq", first_seq)
+        _set(self, "last_seq", last_seq)
+        _set(self, "first_crc", first_crc)
+        _set(self, "last_crc", last_crc)
+        _set(self, "start", start)
+        _set(self, "end", end)
+        _set(self, "sha256", sha256)
+        _set(self, "compressed", compressed)
 
     @property
     def size(self) -> int:
@@ -117,8 +135,7 @@ class Segment:
         return out
 
 
-@dataclass(frozen=True)
-class Boundary:
+class Boundary(Frozen):
     """Where a log begins after its oldest sealed segments expired (segment retention): every record up to
     ``last_seq`` (whose crc is ``last_crc``, the ``prev`` of the first record left) is gone, the first record
     left starts at global position ``start`` (positions stay what they were), ``expired_seq`` is the seq of the
@@ -126,31 +143,44 @@ class Boundary:
     seq, since an erasure may move byte positions after the boundary), and ``last_segment`` the number of the
     last expired segment (new segment names continue after it)."""
 
+    __slots__ = ("last_seq", "last_crc", "start", "expired_seq", "last_segment")
     last_seq: int
     last_crc: str
     start: int
     expired_seq: int
     last_segment: int
 
+    def __init__(self, last_seq: int, last_crc: str, start: int, expired_seq: int, last_segment: int) -> None:
+        _set(self, "last_seq", last_seq)
+        _set(self, "last_crc", last_crc)
+        _set(self, "start", start)
+        _set(self, "expired_seq", expired_seq)
+        _set(self, "last_segment", last_segment)
+
     def to_json(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq, "last_crc": self.last_crc, "start": self.start,
                 "expired_seq": self.expired_seq, "last_segment": self.last_segment}
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(Frozen):
     """The sealed segments of a session's log, in order, any step a writer had begun (``pending``), and
     where the log begins when its oldest segments expired (``boundary``; None: at byte 0, seq 1)."""
 
+    __slots__ = ("session_id", "segments", "pending", "boundary", "_starts")
     session_id: str
-    segments: tuple[Segment, ...] = ()
+    segments: tuple[Segment, ...]
     #: Steps committed but perhaps not all carried out (a writer killed midway); the next writer finishes them.
-    pending: tuple[dict[str, str], ...] = ()
-    boundary: Boundary | None = None
-    _starts: list[int] = field(default_factory=list, compare=False, repr=False)
+    pending: tuple[dict[str, str], ...]
+    boundary: Boundary | None
+    _starts: list[int]  # (not compared or printed: derived from the segments)
 
-    def __post_init__(self) -> None:
-        self._starts.extend(s.start for s in self.segments)
+    def __init__(self, session_id: str, segments: tuple[Segment, ...] = (), pending: tuple[dict[str, str], ...] = (),
+                 boundary: Boundary | None = None) -> None:
+        _set(self, "session_id", session_id)
+        _set(self, "segments", segments)
+        _set(self, "pending", pending)
+        _set(self, "boundary", boundary)
+        _set(self, "_starts", [s.start for s in segments])
 
     @property
     def start(self) -> int:

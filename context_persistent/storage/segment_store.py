@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import replace
+from ..model.values import replace
 from typing import NamedTuple
 from pathlib import Path
 

@@ -16,7 +16,7 @@ import bisect
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from ..model.values import replace
 from pathlib import Path
 
 from ..model import codec

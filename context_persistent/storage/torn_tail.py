@@ -7,23 +7,30 @@ file ``events.jsonl.torn-<offset>-<pid>-<random>`` before the log is cut to its 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import codec
+from ..model.values import Value
 from ..errors import LogWriteError
 from .paths import FILE_MODE, LOG_NAME, NOFOLLOW, fsync_dir, write_all
 
 
-@dataclass
-class TornTail:
+class TornTail(Value):
     """What open found after the last valid record and cut off (writer) or ignored (reader)."""
 
+    __slots__ = ("offset", "length", "line", "reason", "saved_to")
     offset: int
     length: int
     line: int
     reason: str
-    saved_to: str | None = None
+    saved_to: str | None
+
+    def __init__(self, offset: int, length: int, line: int, reason: str, saved_to: str | None = None) -> None:
+        self.offset = offset
+        self.length = length
+        self.line = line
+        self.reason = reason
+        self.saved_to = saved_to
 
 
 def tail_reason(path: Path, start: int, end: int) -> str:

@@ -2,14 +2,14 @@
 
 The parts, each in its own module: ``session.Session`` (what they share), ``writer.Writer`` (events to the
 log), ``appends.Appends`` (messages coming in), ``system_prompt.SystemPrompt``, ``edits.HistoryEdits``,
-``erase.Eraser``, ``ledger.TokenLedger`` (token counts), ``request_views.RequestViews`` and
-``lifecycle.Lifecycle`` (open, load, close). They load with the first store, so ``import context_persistent``
-stays cheap.
+``ledger.TokenLedger`` (token counts), ``request_views.RequestViews`` and ``lifecycle.Lifecycle`` (open, load,
+close) load with the first store, so ``import context_persistent`` stays cheap; ``erase.Eraser`` with the first erase.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -21,11 +21,9 @@ from .config import COMPACTION_KEYS, DEFAULTS, KNOWN_KEYS, RESUME_RULES, check_c
 from .delegation import _kept, _Limit
 from .opening import Opening, open_store
 from ..storage.eventlog import EventLog
-from ..model.events import copy_json
 
 if TYPE_CHECKING:  # (the parts are imported where the store is built: they load with the first store)
     from ..model.projection import Projection
-
 
 __all__ = ["COMPACTION_KEYS", "DEFAULTS", "KNOWN_KEYS", "RESUME_RULES", "PersistentContextManager"]
 
@@ -83,7 +81,6 @@ class PersistentContextManager:
                 "(open replays the session's log and takes its writer lock)")
         from .appends import Appends
         from .edits import HistoryEdits
-        from .erase import Eraser
         from .ledger import TokenLedger
         from .lifecycle import Lifecycle
         from .request_views import RequestViews
@@ -102,7 +99,6 @@ class PersistentContextManager:
         self._prompt = SystemPrompt(s, writer)
         self._appends = Appends(s, writer, self._prompt)
         self._edits = HistoryEdits(s, writer, self._appends, self)
-        self._eraser = Eraser(s, writer, self._appends, self._edits, self._forget_derived, self)
         self._usage = UsageMeter(s, writer, self._ledger)
         self._life = Lifecycle(s, writer, self._appends, self._usage.rebuild)
 
@@ -373,7 +369,7 @@ class PersistentContextManager:
             return s.history_copy()
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
             raise ValueError(f"last must be None or an integer >= 0, got {last!r}")
-        return copy_json(s.state.messages[-last:]) if last else []
+        return ev.copy_json(s.state.messages[-last:]) if last else []
 
     async def iter_messages(self, chunk: int = 256) -> AsyncIterator[dict[str, Any]]:
         """Yields the full history, oldest first, as ``get_messages()`` returns it, one copy at a time.
@@ -393,7 +389,7 @@ class PersistentContextManager:
         from ..model.views import conversation_view
 
         self._s.check_open()
-        return copy_json(conversation_view(self._s.full().messages))
+        return ev.copy_json(conversation_view(self._s.full().messages))
 
     async def get_reasoning_view(self) -> list[dict[str, Any]]:
         """Returns the conversation plus the tool traces, whole: every message but system and developer ones,
@@ -401,7 +397,7 @@ class PersistentContextManager:
         from ..model.views import reasoning_view
 
         self._s.check_open()
-        return copy_json(reasoning_view(self._s.full().messages))
+        return ev.copy_json(reasoning_view(self._s.full().messages))
 
     async def get_token_count(self) -> int:
         """Returns the tokens of the full history under the active counter (see ``stats()['tokenizer']``).
@@ -447,7 +443,7 @@ class PersistentContextManager:
         self._usage.serve(self._s.state.head_seq, view.token_count if exact else self._views.exact_total(view),
                           provider)
         if self._s.config["copy_request_view"]:
-            return copy_json(view.messages)
+            return ev.copy_json(view.messages)
         return list(view.messages)
 
     async def compact(self, token_budget: int | None = None, provider: Any = None) -> int:
@@ -592,8 +588,12 @@ class PersistentContextManager:
 
     async def _export_reasoning(self, path: Path) -> Any:
         from ..transfer.snapshot import export
-
         return await export(self, path, format="jsonl", view="reasoning")
+
+    @functools.cached_property
+    def _eraser(self) -> Any:  # (erase.Eraser: made by the first erase or verify_erasure, which a turn never makes)
+        from .erase import Eraser
+        return Eraser(self._s, self._writer, self._appends, self._edits, self._forget_derived, self)
 
     def _forget_derived(self) -> None:
         self._ledger.forget()

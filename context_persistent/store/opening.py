@@ -16,11 +16,14 @@ async def open_store(cls: type[PersistentContextManager], *, storage_path: str |
                      hooks: Any = None, readonly: bool = False, **config: Any) -> PersistentContextManager:
     """A store of class ``cls`` opened: configuration checked, the log opened (retention on open first), the
     state loaded; whatever fails after the log is open releases its writer lock."""
-    from ..operations.retention_on_open import open_store_log
     from ..storage.paths import validate_session_id
 
     validate_session_id(session_id)
     cfg = cls.check_config(config)
+    if cfg.get("retention") is not None:  # (a policy may apply on open: operations/retention_on_open.py)
+        from ..operations.retention_on_open import open_store_log
+    else:  # (no policy: the log alone; a turn does not load the retention side)
+        from ..storage.backends import open_log as open_store_log
     path = Path(storage_path).expanduser()
     log = await open_store_log(path, session_id, cfg, readonly=readonly)
     try:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..grouping import Group, RepairReport, analyse, is_real_user_turn, is_system
-from ._base import (
-    CompactionRequest, CompactionResult, Plan, count_view, finish, marker_message, summary_message, truncate_message,
-)
+from ..grouping import Analysis, Group, RepairReport, analyse, is_real_user_turn, is_system
+from ._base import Plan, count_view, finish, marker_message, summary_message, truncate_message
 from .invariants import check_view
+from ..values import Frozen
+
+if TYPE_CHECKING:
+    from .request import CompactionRequest, CompactionResult
 
 __all__ = [
     "STRATEGIES",
@@ -36,6 +37,10 @@ __all__ = [
 
 STRATEGIES = ("simple", "smart", "head_tail", "custom")
 Message = dict[str, Any]
+#: The fields of a CompactionConfig (the arguments of its ``__init__``, in order).
+_CONFIG_FIELDS = ("auto_compact", "compact_threshold", "target_usage", "strategy", "keep_recent", "keep_head",
+                  "mask_min_tokens", "custom", "summarizer")
+_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 @runtime_checkable
@@ -77,8 +82,7 @@ def resolve_callable(spec: Any) -> Any:
     return spec
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
+class CompactionConfig(Frozen):
     """How request views are compacted. Every field is validated here; a ``ValueError`` states the rule.
 
     - ``compact_threshold``: compact when the view's tokens reach ``compact_threshold * budget``.
@@ -92,18 +96,27 @@ class CompactionConfig:
     - ``summarizer``: optional ``async (dropped_messages: list[dict]) -> str``; its summary replaces the marker.
     """
 
-    auto_compact: bool = True
-    compact_threshold: float = 0.92
-    target_usage: float = 0.5
-    strategy: str = "smart"
-    keep_recent: int = 20
-    keep_head: int = 2
-    mask_min_tokens: int = 500
-    custom: Callable[..., Any] | str | None = None
-    summarizer: Callable[[list[Message]], Awaitable[str] | str] | None = None
-    custom_impl: Any = field(default=None, init=False, repr=False, compare=False)
+    __slots__ = ("auto_compact", "compact_threshold", "target_usage", "strategy", "keep_recent", "keep_head",
+                 "mask_min_tokens", "custom", "summarizer", "custom_impl")
+    auto_compact: bool
+    compact_threshold: float
+    target_usage: float
+    strategy: str
+    keep_recent: int
+    keep_head: int
+    mask_min_tokens: int
+    custom: Callable[..., Any] | str | None
+    summarizer: Callable[[list[Message]], Awaitable[str] | str] | None
+    custom_impl: Any  #: ``custom`` resolved (not an argument; not compared or printed)
 
-    def __post_init__(self) -> None:
+    def __init__(self, auto_compact: bool = True, compact_threshold: float = 0.92, target_usage: float = 0.5,
+                 strategy: str = "smart", keep_recent: int = 20, keep_head: int = 2, mask_min_tokens: int = 500,
+                 custom: Callable[..., Any] | str | None = None,
+                 summarizer: Callable[[list[Message]], Awaitable[str] | str] | None = None) -> None:
+        for name, value in zip(_CONFIG_FIELDS, (auto_compact, compact_threshold, target_usage, strategy, keep_recent,
+                                                keep_head, mask_min_tokens, custom, summarizer)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "custom_impl", None)
         if not isinstance(self.auto_compact, bool):
             raise ValueError(f"auto_compact must be a bool, got {self.auto_compact!r}")
         _fraction("compact_threshold", self.compact_threshold)
@@ -126,6 +139,9 @@ class CompactionConfig:
         elif self.custom is not None:
             raise ValueError(f"custom is set but strategy is {self.strategy!r}; set strategy='custom' to use it")
 
+    def _fields(self) -> tuple[str, ...]:
+        return _CONFIG_FIELDS
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CompactionConfig:
         """Pick the known keys of a module config (unknown keys are ignored: they belong to others).
@@ -135,7 +151,7 @@ class CompactionConfig:
         """
         aliases = {"compaction_strategy": "strategy", "compaction_threshold": "compact_threshold",
                    "custom_strategy": "custom"}
-        known = {f for f in cls.__dataclass_fields__ if f != "custom_impl"}
+        known = set(_CONFIG_FIELDS)
         kwargs: dict[str, Any] = {}
         for key, value in config.items():
             name = aliases.get(key, key)
@@ -146,14 +162,20 @@ class CompactionConfig:
         return cls(**kwargs)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestView:
+class RequestView(Frozen):
     """What a provider receives: new message dicts, their token count, and stats for events."""
 
+    __slots__ = ("messages", "token_count", "compacted", "stats")
     messages: list[Message]
     token_count: int
     compacted: bool
     stats: dict[str, Any]
+
+    def __init__(self, messages: list[Message], token_count: int, compacted: bool, stats: dict[str, Any]) -> None:
+        _set(self, "messages", messages)
+        _set(self, "token_count", token_count)
+        _set(self, "compacted", compacted)
+        _set(self, "stats", stats)
 
 
 def make_strategy(config: CompactionConfig) -> CompactionStrategy:
@@ -177,24 +199,38 @@ def _request(
     config: CompactionConfig, count: Callable[[Message], int],
 ) -> tuple[CompactionRequest, RepairReport]:
     """Repair, count (reusing ``tokens`` for unchanged messages), group, and mark what must be kept."""
+    found, toks, pins = _repaired(messages, tokens, pinned, count)
+    return _made_request(found, toks, pins, budget, config, count), found.report
+
+
+def _repaired(messages: Sequence[Message], tokens: Sequence[int], pinned: Sequence[bool],
+              count: Callable[[Message], int]) -> tuple[Analysis, list[int], list[bool]]:
+    """The repaired sequence and its groups, with each message's count and pin (of the message it came from)."""
     found = analyse(messages)
-    msgs, groups = found.messages, found.groups
     toks: list[int] = []
     pins: list[bool] = []
-    for m, src in zip(msgs, found.sources):
+    for m, src in zip(found.messages, found.sources):
         toks.append(tokens[src] if src is not None and m is messages[src] else count(m))
         pins.append(bool(pinned[src]) if src is not None else False)
+    return found, toks, pins
+
+
+def _made_request(found: Analysis, toks: list[int], pins: list[bool], budget: int, config: CompactionConfig,
+                  count: Callable[[Message], int]) -> CompactionRequest:
+    """The request of a compaction (request.py loads with the first one)."""
+    from .request import CompactionRequest
+
+    msgs, groups = found.messages, found.groups
     group_tokens = [sum(toks[g.start : g.stop]) for g in groups]
     tail_start = _tail_start(msgs, groups)
     protected = [
         gi >= tail_start or any(pins[i] or is_system(msgs[i]) for i in g.indices) for gi, g in enumerate(groups)
     ]
-    request = CompactionRequest(
+    return CompactionRequest(
         messages=msgs, tokens=toks, pinned=pins, groups=groups, group_tokens=group_tokens,
         protected=protected, tail_start=tail_start, budget=budget,
         target=int(config.target_usage * budget), count=count, config=config,
     )
-    return request, found.report
 
 
 def _tail_start(messages: Sequence[Message], groups: Sequence[Group]) -> int:
@@ -226,19 +262,20 @@ async def build_request_view(
             f"messages, tokens and pinned must have the same length ({len(messages)}, {len(tokens)}, {len(pinned)})"
         )
     _positive_int("budget", budget, 1)
-    request, report = _request(messages, tokens, pinned, budget, config, count)
-    before = sum(request.tokens)
+    found, toks, pins = _repaired(messages, tokens, pinned, count)
+    before = sum(toks)
     stats: dict[str, Any] = {
         "budget": budget, "strategy": config.strategy, "strategy_used": None,
         "before_tokens": sum(tokens), "before_messages": len(messages),
         "groups_dropped": 0, "outputs_masked": 0, "truncated": 0, "summarized": False,
-        "warning": None, "repairs": report.as_dict(),
+        "warning": None, "repairs": found.report.as_dict(),
     }
     if not config.auto_compact or before < config.compact_threshold * budget:
-        out = [dict(m) for m in request.messages] if copy else list(request.messages)
+        out = [dict(m) for m in found.messages] if copy else list(found.messages)
         if before > budget:
             stats["warning"] = f"view needs {before:,} tokens, over the budget of {budget:,} (auto_compact is off)"
         return _view(out, before, False, stats)
+    request = _made_request(found, toks, pins, budget, config, count)
     result = await _run(make_strategy(config), request, stats)
     total = sum(result.token_counts) if result.token_counts is not None else count_view(request, result.messages)
     for key in ("groups_dropped", "outputs_masked", "truncated", "summarized"):
@@ -256,6 +293,7 @@ async def build_request_view(
 async def _run(strategy: CompactionStrategy, request: CompactionRequest, stats: dict[str, Any]) -> CompactionResult:
     """Run ``strategy``; an exception or an invalid view from a custom strategy falls back to smart."""
     from .custom import CustomStrategy, InvalidViewError
+    from .request import CompactionResult
     from .smart import SmartStrategy
 
     name = request.config.strategy
@@ -277,3 +315,13 @@ async def _run(strategy: CompactionStrategy, request: CompactionRequest, stats: 
 def _view(out: list[Message], total: int, compacted: bool, stats: dict[str, Any]) -> RequestView:
     stats.update(message_count=len(out), token_count=total, after_tokens=total, after_messages=len(out))
     return RequestView(out, total, compacted, stats)
+
+
+def __getattr__(name: str) -> Any:
+    """``CompactionRequest`` and ``CompactionResult`` load from request.py on first use (a turn that compacts
+    nothing does not pay for their dataclasses)."""
+    if name in ("CompactionRequest", "CompactionResult"):
+        from . import request
+
+        return getattr(request, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,13 +1,17 @@
-"""What every strategy shares: the request it gets, the plan it edits, and how a plan becomes messages (pure)."""
+"""What every strategy shares: the plan it edits, and how a plan becomes messages (pure); the request it gets and
+the result it gives are in request.py, loaded with the first compaction."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..grouping import Group, result_block_id
+from ..values import Value
+
+if TYPE_CHECKING:
+    from .request import CompactionRequest, CompactionResult
 
 Message = dict[str, Any]
 
@@ -15,61 +19,31 @@ Message = dict[str, Any]
 MIN_TRUNCATED_CHARS = 200
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionRequest:
-    """Everything a strategy needs; built once per request view by :func:`build_request_view`.
-
-    ``messages`` is the repaired history (do not mutate it; return its dicts as they are or new ones).
-    ``protected[g]`` is True for groups that must be kept: system/developer or pinned messages, and the
-    tail (``groups[tail_start:]``: the latest real user message and everything after it).
-    """
-
-    messages: Sequence[Message]
-    tokens: Sequence[int]
-    pinned: Sequence[bool]
-    groups: Sequence[Group]
-    group_tokens: Sequence[int]
-    protected: Sequence[bool]
-    tail_start: int
-    budget: int
-    target: int
-    count: Callable[[Message], int]
-    config: Any  # CompactionConfig (not imported: avoids a cycle)
-
-    @property
-    def protected_tokens(self) -> int:
-        return sum(t for t, p in zip(self.group_tokens, self.protected) if p)
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionResult:
-    """A strategy's answer: the view plus what it did (for events)."""
-
-    messages: list[Message]
-    groups_dropped: int = 0
-    outputs_masked: int = 0
-    truncated: int = 0
-    summarized: bool = False
-    warning: str | None = None
-    #: ``token_counts[i]`` = tokens of ``messages[i]``; None lets the caller count them.
-    token_counts: list[int] | None = None
-
-
-@dataclass(slots=True)
-class Plan:
+class Plan(Value):
     """Which groups are kept and which messages are replaced, with a running token total.
 
     ``total`` includes an upper-bound estimate of one marker per left-out span, so a plan that fits its
     limit still fits once the markers are in.
     """
 
+    __slots__ = ("request", "keep", "marker_cost", "intro_cost", "replaced", "kept_tokens", "spans")
     request: CompactionRequest
     keep: list[bool]
     marker_cost: int
-    intro_cost: int = 0
-    replaced: dict[int, tuple[Message, int]] = field(default_factory=dict)
-    kept_tokens: int = 0
-    spans: int = 0
+    intro_cost: int
+    replaced: dict[int, tuple[Message, int]]
+    kept_tokens: int
+    spans: int
+
+    def __init__(self, request: CompactionRequest, keep: list[bool], marker_cost: int, intro_cost: int = 0,
+                 replaced: dict[int, tuple[Message, int]] | None = None, kept_tokens: int = 0, spans: int = 0) -> None:
+        self.request = request
+        self.keep = keep
+        self.marker_cost = marker_cost
+        self.intro_cost = intro_cost
+        self.replaced = {} if replaced is None else replaced
+        self.kept_tokens = kept_tokens
+        self.spans = spans
 
     @classmethod
     def start(cls, request: CompactionRequest, keep: Sequence[bool]) -> Plan:
@@ -227,6 +201,8 @@ async def finish(plan: Plan, **stats: Any) -> CompactionResult:
     Markers that would push the view over the budget are left out (the view's validity and size come
     first). With ``config.summarizer`` the summary of every left-out message goes where the first span was.
     """
+    from .request import CompactionResult
+
     req = plan.request
     spans: list[tuple[int, list[int]]] = []  # (position in out, dropped message indices)
     out: list[Message] = []

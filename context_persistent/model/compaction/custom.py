@@ -6,7 +6,8 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
-from ._base import CompactionRequest, CompactionResult, view_token_counts
+from ._base import view_token_counts
+from .request import CompactionRequest, CompactionResult
 from .invariants import check_view
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._base import CompactionRequest, CompactionResult, Plan, finish
+from ._base import Plan, finish
+from .request import CompactionRequest, CompactionResult
 
 
 class HeadTailStrategy:

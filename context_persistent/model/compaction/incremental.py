@@ -19,25 +19,35 @@ previous view's tail is not the repaired history (a custom strategy, or last-res
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..grouping import analyse, is_real_user_turn
 from . import CompactionConfig, RequestView
+from ..values import Frozen
 
 Message = dict[str, Any]
+_set = object.__setattr__  # (Anchor's __init__)
 
 
-@dataclass(frozen=True, slots=True)
-class Anchor:
+class Anchor(Frozen):
     """What a later request needs to extend ``view`` cheaply."""
 
+    __slots__ = ("view", "hist_len", "history_tokens", "h", "k", "prefix_tokens")
     view: RequestView
     hist_len: int        #: messages in the history the view was made from
     history_tokens: int  #: their tokens
     h: int               #: history index of the latest real user turn
     k: int               #: view index of the same message
     prefix_tokens: int   #: tokens of ``view.messages[:k]``
+
+    def __init__(self, view: RequestView, hist_len: int, history_tokens: int, h: int, k: int,
+                 prefix_tokens: int) -> None:
+        _set(self, "view", view)
+        _set(self, "hist_len", hist_len)
+        _set(self, "history_tokens", history_tokens)
+        _set(self, "h", h)
+        _set(self, "k", k)
+        _set(self, "prefix_tokens", prefix_tokens)
 
 
 def _tail(history: Sequence[Message], tokens: Sequence[int], h: int,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..grouping import result_block_id, result_key, tool_calls_of, validate_sequence
-from ._base import CompactionRequest, Message, count_view
+from ._base import Message, count_view
+
+if TYPE_CHECKING:
+    from .request import CompactionRequest
 
 
 def skeleton(message: Message) -> tuple[Any, ...]:

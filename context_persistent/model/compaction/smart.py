@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..grouping import is_system, tool_calls_of
-from ._base import CompactionRequest, CompactionResult, Plan, finish, truncate_message
+from ._base import Plan, finish, truncate_message
+from .request import CompactionRequest, CompactionResult
 from .masking import is_decision, is_error, masked_copy
 
 

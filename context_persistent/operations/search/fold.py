@@ -14,11 +14,11 @@ The rule, the same for a rebuild and for the incremental path (docs/search.md, "
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from ...model import events as ev
 from ...model.projection import Projection, make_key, split_key
+from ...model.values import Value
 from ...storage.backends import pager_for
 from .text import fingerprint, message_texts
 
@@ -32,11 +32,11 @@ _LIST_RECORDS = (ev.MESSAGES_REPLACED, ev.SYSTEM_PROMPT_SET)
 _FOLD_CACHE = 4 << 20
 
 
-@dataclass(slots=True)
-class Doc:
+class Doc(Value):
     """One message of a session as the index holds it. ``rec_seq``/``slot``/``pos`` say where the log holds
     it (``pos``: the record's byte position in a file log, None elsewhere), for checking a hit."""
 
+    __slots__ = ("key", "rec_seq", "slot", "pos", "role", "ts", "body", "tools", "fp")
     key: int
     rec_seq: int
     slot: int
@@ -46,6 +46,18 @@ class Doc:
     body: str
     tools: str
     fp: bytes
+
+    def __init__(self, key: int, rec_seq: int, slot: int, pos: int | None, role: str, ts: str, body: str, tools: str,
+                 fp: bytes) -> None:
+        self.key = key
+        self.rec_seq = rec_seq
+        self.slot = slot
+        self.pos = pos
+        self.role = role
+        self.ts = ts
+        self.body = body
+        self.tools = tools
+        self.fp = fp
 
     @property
     def seq(self) -> int:
@@ -98,10 +110,10 @@ async def positioned(log: Any, after_seq: int = 0, position: int | None = None
         yield batch, [None] * len(batch), list(sizes)
 
 
-@dataclass(slots=True)
-class Folded:
+class Folded(Value):
     """What a whole pass over a session's log found: the history's keys, the redacted keys, the last record."""
 
+    __slots__ = ("keys", "redacted", "last_seq", "last_crc", "position", "first_ts", "last_ts", "bytes")
     keys: Any
     redacted: set[int]
     last_seq: int
@@ -110,6 +122,17 @@ class Folded:
     first_ts: str | None
     last_ts: str | None
     bytes: int
+
+    def __init__(self, keys: Any, redacted: set[int], last_seq: int, last_crc: str | None, position: int | None,
+                 first_ts: str | None, last_ts: str | None, bytes: int) -> None:
+        self.keys = keys
+        self.redacted = redacted
+        self.last_seq = last_seq
+        self.last_crc = last_crc
+        self.position = position
+        self.first_ts = first_ts
+        self.last_ts = last_ts
+        self.bytes = bytes
 
 
 async def fold(log: Any) -> Folded:

@@ -16,12 +16,12 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...model import events as ev
 from ...model.projection import make_key
+from ...model.values import Value
 from ...storage.lockfile import pid_alive
 from .fold import APPEND_TYPES, REINDEX_TYPES, docs_of, fold, hidden, positioned, redacted_key, slots
 from .file_listing import file_sessions, signature
@@ -40,15 +40,27 @@ class _Reindex(Exception):
     """The records after the anchor hold one of fold.REINDEX_TYPES: index the session again."""
 
 
-@dataclass(slots=True)
-class Outcome:
+class Outcome(Value):
+    """What a catch-up of one session did."""
+
+    __slots__ = ("session_id", "added", "removed", "reindexed", "skipped", "purged", "facts")
     session_id: str
-    added: int = 0
-    removed: int = 0
-    reindexed: bool = False
-    skipped: str | None = None
-    purged: bool = False
-    facts: dict[str, Any] = field(default_factory=dict)
+    added: int
+    removed: int
+    reindexed: bool
+    skipped: str | None
+    purged: bool
+    facts: dict[str, Any]
+
+    def __init__(self, session_id: str, added: int = 0, removed: int = 0, reindexed: bool = False,
+                 skipped: str | None = None, purged: bool = False, facts: dict[str, Any] | None = None) -> None:
+        self.session_id = session_id
+        self.added = added
+        self.removed = removed
+        self.reindexed = reindexed
+        self.skipped = skipped
+        self.purged = purged
+        self.facts = {} if facts is None else facts
 
 
 def _alive(pid: int, host: str, since: float) -> bool:

@@ -5,16 +5,21 @@ indexing modules nor a cycle)."""
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 from typing import Any
 
+from ...model.values import Value
 
-@dataclass(slots=True)
-class Snapshot:
+
+class Snapshot(Value):
     """The history's keys right after record ``seq`` (the writer's state, handed over with a notification)."""
 
+    __slots__ = ("seq", "keys")
     seq: int
     keys: Any
+
+    def __init__(self, seq: int, keys: Any) -> None:
+        self.seq = seq
+        self.keys = keys
 
 
 def keys_snapshot(seq: int, keys: Any) -> Snapshot:

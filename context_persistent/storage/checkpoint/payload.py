@@ -4,11 +4,9 @@ and decide whether it fits a session (layout in the package docstring, :mod:`con
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import zlib
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,6 +15,7 @@ from ...model import json_lossless
 from ...model import codec
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import Counts, PagedList, Projection, Refs, json_default, raw_items
+from ...model.values import Frozen, replace
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it. Version 5 added
@@ -33,6 +32,7 @@ DUMP_STEP = 16_384
 #: Messages of the message section serialised per step (their contents: a step of 300-byte messages is about
 #: 0.6 MB, a few milliseconds of the event loop).
 MESSAGE_STEP = 2048
+_set = object.__setattr__  # (Checkpoint's __init__)
 _TRAILER = 9  # 8 hex digits + newline
 
 
@@ -40,10 +40,11 @@ class CheckpointError(ValueError):
     """A payload cannot be used; the message says why (it is then ignored, never fatal)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
+class Checkpoint(Frozen):
     """A decoded payload: identity, the position after ``seq`` and the projection state at ``seq``."""
 
+    __slots__ = ("session_id", "seq", "position", "first_crc", "last_crc", "tokenizer", "format", "schema", "state",
+                 "front", "base", "state_in", "messages_bytes", "messages_section")
     session_id: str
     seq: int
     position: int | None
@@ -53,18 +54,38 @@ class Checkpoint:
     format: int
     schema: list[str]
     state: dict[str, Any] | None  #: None when only the front was read (:func:`read_front`)
-    front: dict[str, Any] | None = None
+    front: dict[str, Any] | None
     #: None: the state section is at ``seq``. Else ``{"seq", "position", "last_crc"}`` of the older record the
     #: state section is at; the log from there up to ``position`` brings it to ``seq`` (a "based" checkpoint).
-    base: dict[str, Any] | None = None
+    base: dict[str, Any] | None
     #: None: the state section follows the front. Else ``{"file", "offset", "crc"}``: it is in that earlier
     #: checkpoint file of the session folder (``checkpoint.base``), at ``offset``, its CRC line ``crc``.
-    state_in: dict[str, Any] | None = None
+    state_in: dict[str, Any] | None
     #: Length of the message section that follows the state section (wherever that is), 0 if there is none.
-    messages_bytes: int = 0
+    messages_bytes: int
     #: The message section with its trailer, as :func:`decode` found it (not verified yet: :func:`parse_messages`),
     #: or None (none, or not read).
-    messages_section: bytes | memoryview | None = None
+    messages_section: bytes | memoryview | None
+
+    def __init__(self, session_id: str, seq: int, position: int | None, first_crc: str | None, last_crc: str | None,
+                 tokenizer: str | None, format: int, schema: list[str], state: dict[str, Any] | None,
+                 front: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
+                 state_in: dict[str, Any] | None = None, messages_bytes: int = 0,
+                 messages_section: bytes | memoryview | None = None) -> None:
+        _set(self, "session_id", session_id)
+        _set(self, "seq", seq)
+        _set(self, "position", position)
+        _set(self, "first_crc", first_crc)
+        _set(self, "last_crc", last_crc)
+        _set(self, "tokenizer", tokenizer)
+        _set(self, "format", format)
+        _set(self, "schema", schema)
+        _set(self, "state", state)
+        _set(self, "front", front)
+        _set(self, "base", base)
+        _set(self, "state_in", state_in)
+        _set(self, "messages_bytes", messages_bytes)
+        _set(self, "messages_section", messages_section)
 
     @property
     def state_seq(self) -> int:
@@ -339,7 +360,7 @@ def decode(data: bytes, packed: bool = False) -> Checkpoint:
         raise CheckpointError(f"malformed payload: {e}") from None
     cp = _checkpoint(head, front, state)
     if cp.messages_bytes:  # (verified when used: a damaged message section costs only itself, parse_messages)
-        cp = dataclasses.replace(cp, messages_section=view[end:])
+        cp = replace(cp, messages_section=view[end:])
     return cp
 
 

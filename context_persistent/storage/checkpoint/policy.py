@@ -4,19 +4,18 @@ its checkpoint, write a new one every ``checkpoint_every`` events and on close."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import gc
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ...model import json_lossless
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.events import gc_paused
 from ...model.projection import LoadRefused, Projection
+from ...model.values import replace
 from .front import SystemIndex, covers_most, front_section, is_whole, restore_front, slim_front
 from .payload import (_TRAILER, Checkpoint, CheckpointError, decode, dump_in_steps, encode, encode_front,
                       mismatch, restore)
@@ -44,26 +43,34 @@ def _counted(state: Projection) -> int:
     return len(state.tokens) - state.tokens.count(None)
 
 
-@dataclass(slots=True)
 class _Prepared:
     """A checkpoint as read from the live state in the caller's turn (:meth:`Checkpointer._prepare`)."""
 
-    seq: int
-    position: int | None
-    tokenizer: str | None
-    last_crc: str | None
-    captured: dict[str, Any] | None  #: the state to serialise, or None when the state section is copied
-    front_json: bytes
-    counted: int
-    base: dict[str, Any] | None = None
-    #: (descriptor of the checkpoint file, owned by the write; offset, length, message section's length) of the
-    #: state section to copy (with the message section that follows it, if any)
-    splice: tuple[int, int, int, int] | None = None
-    #: Redactions the state holds (its ``counts``): see :attr:`Checkpointer.redactions`.
-    redactions: int = 0
-    #: The front section as it is when ``front_json`` is its whole form (front.slim_front): written instead
-    #: if no message section is written with it.
-    front_full: dict[str, Any] | None = None
+    __slots__ = ("seq", "position", "tokenizer", "last_crc", "captured", "front_json", "counted", "base", "splice",
+                 "redactions", "front_full")
+
+    def __init__(self, seq: int, position: int | None, tokenizer: str | None, last_crc: str | None,
+                 captured: dict[str, Any] | None, front_json: bytes, counted: int, base: dict[str, Any] | None = None,
+                 splice: tuple[int, int, int, int] | None = None, redactions: int = 0,
+                 front_full: dict[str, Any] | None = None) -> None:
+        self.seq = seq
+        self.position = position
+        self.tokenizer = tokenizer
+        self.last_crc = last_crc
+        #: the state to serialise, or None when the state section is copied
+        self.captured = captured
+        self.front_json = front_json
+        self.counted = counted
+        self.base = base
+        #: (descriptor of the checkpoint file, owned by the write; offset, length, message section's length) of the
+        #: state section to copy (with the message section that follows it, if any)
+        self.splice = splice
+        #: Redactions the state holds (its ``counts``): see :attr:`Checkpointer.redactions`.
+        self.redactions = redactions
+        #: The front section as it is when ``front_json`` is its whole form (front.slim_front): written instead
+        #: if no message section is written with it.
+        self.front_full = front_full
+
 
 def _save_based(store: FileCheckpointStore, fields: dict[str, Any], src: int, offset: int, length: int,
                 messages: int = 0) -> int:
@@ -345,7 +352,7 @@ class Checkpointer(HandOff):
         try:
             try:
                 section = f.read_state(offset, length) if hasattr(f, "read_state") else read_state(f, offset, length)
-                state = restore(dataclasses.replace(cp, state=section), tokenizer, self.pager)
+                state = restore(replace(cp, state=section), tokenizer, self.pager)
                 if wants_section(self.pager, cp, len(state.messages), self.session_id):
                     messages = load_section(message_reader(f), offset + length + 1 + _TRAILER, cp,
                                             len(state.messages), keep=self.hand_off)
