@@ -107,8 +107,8 @@ def test_the_host_is_built_once_per_run_for_every_caller_and_again_after_a_faile
 
 
 def test_the_hosts_crash_at_exit_is_told_apart_from_a_failure() -> None:
-    """A crash in native code with no Python frame (abort or segfault), or an abort while Python finalises,
-    is the host's; one with a Python frame in its report, or an ordinary exit status, is a failure."""
+    """A crash in native code with no Python frame (abort or segfault; a segfault whose report a bus error cut
+    short before any frame), or an abort while Python finalises, is the host's; one with a Python frame in its report, or an ordinary exit status, is a failure."""
     def proc(status: int, err: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(["amplifier"], status, "", err)
 
@@ -121,6 +121,15 @@ def test_the_hosts_crash_at_exit_is_told_apart_from_a_failure() -> None:
     assert not host_exit_crash(proc(abort, "Fatal Python error: Aborted\n\n" + in_python + native))
     assert not host_exit_crash(proc(segv, "Fatal Python error: Segmentation fault\n\n" + in_python))
     assert not host_exit_crash(proc(1, "Fatal Python error: Aborted\n\n" + native))
+    # The report of a segfault cut short by a bus error before any frame (exit status SIGBUS): the host's ...
+    cut = "Fatal Python error: Segmentation fault\n\nThread 0x0000000000000007 (most recent call first):\n" \
+          "Fatal Python error: Bus error\n\n"
+    assert host_exit_crash(proc(-signal.SIGBUS, cut)) and host_exit_crash(proc(segv, cut))
+    # ... but not once a Python frame was shown, nor a bus error alone, nor with an ordinary exit status
+    assert not host_exit_crash(proc(-signal.SIGBUS, cut.replace("Fatal Python error: Bus", in_python + "Fatal "
+                                                                 "Python error: Bus")))
+    assert not host_exit_crash(proc(-signal.SIGBUS, "Fatal Python error: Bus error\n\n" + native))
+    assert not host_exit_crash(proc(1, cut))
 
 
 def assert_requests_valid(cli: Cli, session_id: str) -> list[list[dict[str, Any]]]:
