@@ -87,3 +87,18 @@ def test_frozen_values_copy_and_pickle() -> None:
     manifest = Manifest("s", (seg,))
     again = pickle.loads(pickle.dumps(manifest))
     assert again == manifest and again.index_at(5) == 0 and again.segments[0].file == "segment-000001.jsonl.zst"
+
+
+def test_a_value_class_cannot_extend_another() -> None:
+    """Its fields are its own ``__slots__``: a parent's would be left out of ``==``, ``repr`` and ``replace``."""
+    from context_persistent.model.values import Frozen
+
+    class Point(Frozen):
+        __slots__ = ("x",)
+
+        def __init__(self, x: int) -> None:
+            object.__setattr__(self, "x", x)
+
+    with pytest.raises(TypeError, match="cannot extend another"):
+        class Point3(Point):  # noqa: F841
+            __slots__ = ("z",)

@@ -28,6 +28,13 @@ class Value:
     __slots__ = ()
     __hash__ = None  # type: ignore[assignment]  # (mutable and compared by value, as a dataclass with eq)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__mro__[1:]:  # (its fields are its own __slots__: a parent's would be left out of ==)
+            if issubclass(base, Value) and base.__module__ != __name__:  # (Value and Frozen are bases)
+                raise TypeError(f"{cls.__qualname__}: a value class cannot extend another ({base.__qualname__}); "
+                                "name every field in its own __slots__")
+
     def _fields(self) -> tuple[str, ...]:
         names: tuple[str, ...] = type(self).__slots__
         return tuple(n for n in names if n[0] != "_")
