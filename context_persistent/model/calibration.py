@@ -31,7 +31,7 @@ from operator import truediv
 from typing import Any, Final
 
 from .usage import request_tokens
-from .values import Frozen
+from .values import Frozen, set_field as _set
 
 #: Reports kept per (provider, model): the fit follows the newest, so a model whose counting changes (a new
 #: version behind the same name) is followed within this many reports.
@@ -41,7 +41,6 @@ MARGIN: Final = 0.05
 #: Two reports give a slope only when one request is at least this many times the other's size (closer ones
 #: amplify a wobble of the counts into a wrong slope).
 SPREAD: Final = 2.0
-_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 class Prior(Frozen):

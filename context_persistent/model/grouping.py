@@ -36,14 +36,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from .values import Frozen
+from .values import Frozen, set_field as _set
 
 GroupKind = Literal["system", "user", "assistant", "tool", "other"]
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 CALL_BLOCK_TYPES = frozenset({"tool_use", "tool_call"})
 _RESULT_ROLES = frozenset({"tool", "function"})
-_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 def placeholder_text(name: str, call_id: str) -> str:

@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 
 V = TypeVar("V", bound="Value")
 
+#: What a :class:`Frozen` class's ``__init__`` sets its fields with (its own ``__setattr__`` refuses).
+set_field = object.__setattr__
+
 
 class Value:
     """Base of a mutable value class: dataclass-like ``==`` and ``repr`` over the fields in ``__slots__``."""
@@ -87,4 +90,4 @@ def replace(obj: V, **changes: Any) -> V:
     return type(obj)(**{n: changes[n] if n in changes else getattr(obj, n) for n in fields})
 
 
-__all__ = ["Frozen", "Value", "replace"]
+__all__ = ["Frozen", "Value", "replace", "set_field"]

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from ..errors import ContextPersistentError, LogCorruptedError
-from ..model.values import Frozen
+from ..model.values import Frozen, set_field as _set
 from .paths import create_private_file, fsync_dir, write_all
 
 #: The default size at which the active segment is sealed and a new one started (docs/operations.md,
@@ -55,7 +55,6 @@ _NAME_RE = re.compile(r"segment-[0-9]{6,}\.jsonl")
 _CRC_RE = re.compile(r"[0-9a-f]{8}")
 _SHA_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _PENDING_OPS = ("seal", "replace", "remove", "expire")
-_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 def segment_name(index: int) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ..grouping import Analysis, Group, RepairReport, analyse, is_real_user_turn, is_system
 from ._base import Plan, count_view, finish, marker_message, summary_message, truncate_message
 from .invariants import check_view
-from ..values import Frozen
+from ..values import Frozen, set_field as _set
 
 if TYPE_CHECKING:
     from .request import CompactionRequest, CompactionResult
@@ -40,7 +40,6 @@ Message = dict[str, Any]
 #: The fields of a CompactionConfig (the arguments of its ``__init__``, in order).
 _CONFIG_FIELDS = ("auto_compact", "compact_threshold", "target_usage", "strategy", "keep_recent", "keep_head",
                   "mask_min_tokens", "custom", "summarizer")
-_set = object.__setattr__  # (the frozen classes' __init__)
 
 
 @runtime_checkable

@@ -23,10 +23,9 @@ from typing import Any
 
 from ..grouping import analyse, is_real_user_turn
 from . import CompactionConfig, RequestView
-from ..values import Frozen
+from ..values import Frozen, set_field as _set
 
 Message = dict[str, Any]
-_set = object.__setattr__  # (Anchor's __init__)
 
 
 class Anchor(Frozen):

@@ -15,7 +15,7 @@ from ...model import json_lossless
 from ...model import codec
 from ..paths import CHECKPOINT_BASE_NAME
 from ...model.projection import Counts, PagedList, Projection, Refs, json_default, raw_items
-from ...model.values import Frozen, replace
+from ...model.values import Frozen, set_field as _set, replace
 
 #: Version of the payload layout above; a version not in ``READABLE_VERSIONS`` is ignored. Version 3 added
 #: ``base`` (a state section older than the front); version 2 payloads read the same without it. Version 5 added
@@ -32,7 +32,6 @@ DUMP_STEP = 16_384
 #: Messages of the message section serialised per step (their contents: a step of 300-byte messages is about
 #: 0.6 MB, a few milliseconds of the event loop).
 MESSAGE_STEP = 2048
-_set = object.__setattr__  # (Checkpoint's __init__)
 _TRAILER = 9  # 8 hex digits + newline
 
 
