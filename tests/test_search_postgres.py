@@ -50,8 +50,10 @@ async def test_the_writer_indexes_and_text_leaves_with_trash_erasure_and_redacti
         assert [h.seq for h in await store.search("keepword")] == [4]
         await store.redact(0)
         receipt = await store.erase(0)  # ("beta worderase": the first after the redaction)
-        # (the erase first lets the writer's index thread finish the redaction: 2 documents were left to remove)
-        assert receipt["index"]["action"] == "purged" and receipt["index"]["documents_removed"] == 2
+        # (the erase first lets the writer's index thread finish the redaction; then only the erased message's
+        # document leaves, and nothing is indexed again)
+        assert receipt["index"]["action"] == "purged" and receipt["index"]["documents_removed"] == 1
+        assert receipt["index"]["documents_indexed_again"] == 0 and not receipt["index"]["session_indexed_again"]
         assert await store.verify_erasure(receipt) == []
     await pgb.caught_up()
     assert await _docs(pgb) == ["gamma keepword"]

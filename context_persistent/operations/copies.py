@@ -90,9 +90,10 @@ PLACES: tuple[Place, ...] = (
     Place("fork or import temp folder", "storage", SESSION_TMP, (RAW,), "deleted when stale",
           "left by a killed fork or import (its process gone, its lock free); one still being written is "
           "another session's creation: erase it there once it exists"),
-    Place("search index", "storage", _p(r"\.search"), (RAW,), "documents removed, index rebuilt",
-          "the session's documents are removed and the index purged before the log changes, then indexed again "
-          "from the new log (operations/search/erasing.py; docs/search.md, \"Erasure\")"),
+    Place("search index", "storage", _p(r"\.search"), (RAW,), "documents removed, index purged",
+          "the message's documents (and those identical to it) are removed and the index purged before the log "
+          "changes, then the rest moved in line with the new log, or the session indexed again from it "
+          "(operations/search/erasing.py; docs/search.md, \"Erasure\")"),
     Place("expired segment in the trash", "trash", _p(r"segment-[0-9]{6,}\.jsonl(\.zst)?"), (RAW, ZSTD),
           "tombstones"),
     Place("trash entry being purged", "trash", _p(re.escape(PURGING) + r".+"), (RAW, ZSTD), "purge finished",

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..model import codec
 from ..model.projection import split_key
+from ..model.values import Value
 from ..storage.paths import CHECKPOINT_NAME, LOG_NAME, create_private_file, fsync_dir, write_all
 from ..storage.segment_store import _step
 from .erasure_receipt import RECEIPT_VERSION, _receipt, check_receipt, check_receipt_postgres, check_receipt_shape
@@ -39,9 +40,10 @@ from .tombstones import (_copies, _scan_file, _scan_segmented, erased_data, find
 
 
 # -- the file log ---------------------------------------------------------------------------------------
-def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
+def erase_file(store: Any, seq: int, index: int, reason: str, moved: list[Moved] | None = None) -> dict[str, Any]:
     """Erase the message at ``(seq, index)`` from a file session held by ``store`` (its writer). Returns the
-    receipt. The caller rebuilds the store's state afterwards."""
+    receipt. The caller rebuilds the store's state afterwards. ``moved``: once the new log is committed, each
+    record replaced by a tombstone is appended to it (``Moved``: for the search index, search/erasing.py)."""
     log = store._log
     path: Path = log.path
     directory: Path = log.directory
@@ -83,11 +85,14 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
     trash_changes = [(p, c) for p in trashed if (c := _trash_changes(p, needle, reason, when, key))]
     # 1. every record holding a copy, and its tombstone
     changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]] = []
+    done: list[Moved] = []
     for rec, start, end, raw in records():
         hits = _copies(rec, needle)
         if hits:
-            line = tombstone(rec, erased_data(rec, hits, reason, when, key))
+            data = erased_data(rec, hits, reason, when, key)
+            line = tombstone(rec, data)
             changes.append((start, end, line, rec, hits, sha256(raw.rstrip(b"\n"))))
+            done.append(_moved(rec["seq"], start, end - start, len(line), data, len(hits)))
     receipt = _receipt(store, message, needle, seq, index, reason, when, key)
     receipt["removed_temp_files"] = removed + [
         f"{folder.name}/{name}" for folder in sorted({p.parent for p in trashed})
@@ -131,6 +136,8 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
                           {"where": str(directory), "rewritten": [], "bytes_before": log.position,
                            "bytes_after": log.position})
         receipt["not_covered"] = not_covered("file")
+        if moved is not None:
+            moved.extend(done)
         return receipt
     # 5. the log: a new file with the tombstones in place, then one atomic rename (the commit point)
     tmp = directory / (LOG_NAME + TMP_SUFFIX)
@@ -148,9 +155,38 @@ def erase_file(store: Any, seq: int, index: int, reason: str) -> dict[str, Any]:
         os.close(fd)
     new_size = os.stat(tmp).st_size
     log.swap_in(tmp, new_size)
+    if moved is not None:
+        moved.extend(done)
     receipt["log"] = {"where": str(path), "bytes_before": size, "bytes_after": new_size}
     receipt["not_covered"] = not_covered("file")
     return receipt
+
+
+class Moved(Value):
+    """A record an erasure replaced by its tombstone: its seq, where it starts (a file log's global byte
+    position; None on PostgreSQL), its length before and after in bytes, and the ``(slot, key)`` of each
+    message slot erased in it (the slot as search/fold.py's ``slots`` numbers it)."""
+
+    __slots__ = ("seq", "start", "before", "after", "slots")
+    seq: int
+    start: int | None
+    before: int
+    after: int
+    slots: tuple[tuple[int, int], ...]
+
+    def __init__(self, seq: int, start: int | None, before: int, after: int,
+                 slots: tuple[tuple[int, int], ...]) -> None:
+        self.seq = seq
+        self.start = start
+        self.before = before
+        self.after = after
+        self.slots = slots
+
+
+def _moved(seq: int, start: int | None, before: int, after: int, data: dict[str, Any], n: int) -> Moved:
+    """The ``Moved`` of a record whose tombstone data is ``data``, ``n`` of its slots erased now (the last
+    ``n`` entries of ``data["erased"]``: an earlier erase of the same record listed its own before them)."""
+    return Moved(seq, start, before, after, tuple((e["index"], e["key"]) for e in data["erased"][-n:]))
 
 
 def _erase_in_segments(log: Any, changes: list[tuple[int, int, bytes, dict[str, Any], list[int], str]]
@@ -213,8 +249,8 @@ def _copy_range(src: Any, fd: int, start: int, end: int) -> None:
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------------
-async def erase_postgres(store: Any, seq: int, index: int, reason: str, vacuum: bool | str = False
-                         ) -> dict[str, Any]:
+async def erase_postgres(store: Any, seq: int, index: int, reason: str, vacuum: bool | str = False,
+                         moved: list[Moved] | None = None) -> dict[str, Any]:
     """Erase from a PostgreSQL session: every row holding a copy is updated and the checkpoint row deleted, in
     one transaction. Returns the receipt. The rows are read a batch at a time (the record at ``seq``, then one
     pass looking for copies): only the tombstones are held, never the history.
@@ -235,13 +271,19 @@ async def erase_postgres(store: Any, seq: int, index: int, reason: str, vacuum: 
     key = os.urandom(32)
     updates: dict[int, bytes] = {}
     listed = []
+    done: list[Moved] = []
     async for batch in log.read_batches(0):
-        for rec in batch:
+        sizes = getattr(log, "batch_sizes", None) or [0] * len(batch)
+        for rec, size in zip(batch, sizes):
             hits = _copies(rec, needle)
             if hits:
-                updates[rec["seq"]] = tombstone(rec, erased_data(rec, hits, reason, when, key))
+                data = erased_data(rec, hits, reason, when, key)
+                updates[rec["seq"]] = tombstone(rec, data)
                 listed.append({"seq": rec["seq"], "type": rec["type"], "indices": hits, "row": rec["seq"]})
+                done.append(_moved(rec["seq"], None, size, len(updates[rec["seq"]]), data, len(hits)))
     had_cp = await log.replace_records(updates)
+    if moved is not None:
+        moved.extend(done)
     receipt = _receipt(store, message, needle, seq, index, reason, when, key)
     receipt["records"] = listed
     receipt["checkpoints"] = ([{"where": f"{log.schema}.checkpoints", "action": "deleted"}] if had_cp else [])
@@ -264,6 +306,6 @@ async def erase_postgres(store: Any, seq: int, index: int, reason: str, vacuum: 
 
 
 # (the names other modules and the tests import from here, as before the split)
-__all__ = ["RECEIPT_VERSION", "check_receipt", "check_receipt_postgres", "check_receipt_shape", "clean_leftovers",
+__all__ = ["Moved", "RECEIPT_VERSION", "check_receipt", "check_receipt_postgres", "check_receipt_shape", "clean_leftovers",
            "erase_file", "erase_postgres", "erased_data", "escaped", "message_slots", "split_key", "tombstone",
            "trash_files"]

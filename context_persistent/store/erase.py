@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -80,22 +81,37 @@ class Eraser:
         s.full()  # nothing may be read from the old checkpoint after it is deleted
         if s.indexer is not None:  # (the search index's thread must not index the old log after it is emptied)
             await s.indexer.wait(s.session_id)
+        before, head = array("q", s.state.keys), s.state.head_seq
         if isinstance(s.log, FileEventLog):
             from ..operations.search.erasing import erasing
 
-            # the search index: emptied of the session before the log changes, indexed again after it
-            async with erasing(s.storage_path, s.session_id, make_key(seq, index)) as index_entry:
-                receipt = erasure.erase_file(self._store, seq, index, reason)
-            receipt["index"] = index_entry
+            # the search index: the message's documents removed before the log changes, the rest moved in
+            # line with the new log after it (search/erasing.py)
+            async with erasing(s.storage_path, s.session_id, make_key(seq, index), head) as ix:
+                receipt = erasure.erase_file(self._store, seq, index, reason, ix.moved)
+                ix.committed = True
+                await self._reload()
+                ix.keys = (before, s.state.keys)
         else:
             from ..operations.search.erasing import erasing_pg
 
             pg: Any = s.log
-            async with erasing_pg(pg.dsn, pg.schema, s.session_id, make_key(seq, index)) as index_entry:
-                receipt = await erasure.erase_postgres(self._store, seq, index, reason, vacuum)
-            receipt["index"] = index_entry
+            async with erasing_pg(pg.dsn, pg.schema, s.session_id, make_key(seq, index), head) as ix:
+                receipt = await erasure.erase_postgres(self._store, seq, index, reason, vacuum, ix.moved)
+                ix.committed = True
+                await self._reload()
+                ix.keys = (before, s.state.keys)
+        receipt["index"] = ix.entry
+        logger.info("session %s: erased the message at seq %d index %d (%d record(s))", s.session_id, seq, index,
+                    len(receipt["records"]))
+        return receipt
+
+    async def _reload(self) -> None:
+        """The history as the new log tells it, from the start (an erase is rare; the next close checkpoints
+        it)."""
+        s = self._s
+        checkpoints = s.checkpoints
         s.rewrites += 1  # (readers iterating over the old positions re-resolve: Session.iter_messages)
-        # The history as the new log tells it, from the start (an erase is rare; the next close checkpoints it).
         if checkpoints._lazy_file is not None:
             checkpoints._lazy_file.close()
             checkpoints._lazy_file = None
@@ -107,9 +123,6 @@ class Eraser:
         s.epoch += 1
         s.handed_out = []  # (what get_messages handed out may hold the erased bytes: not kept by the store)
         self._forget()
-        logger.info("session %s: erased the message at seq %d index %d (%d record(s))", s.session_id, seq, index,
-                    len(receipt["records"]))
-        return receipt
 
     async def verify(self, receipt: dict[str, Any]) -> list[str]:
         from ..operations import erasure

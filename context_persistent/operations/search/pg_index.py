@@ -232,6 +232,29 @@ class PgIndex:
     async def clear_erasing(self, sid: str) -> None:
         await self._run("DELETE FROM {s}.search_erasing WHERE session_id = $1", sid)
 
+    async def delete_copies(self, sid: str, key: int) -> list[tuple[int, int, int, bool]] | None:
+        """SqliteIndex.delete_copies: the document of ``key`` and every one with its fingerprint."""
+        fp = (await self._val("SELECT fp FROM {s}.search_docs WHERE session_id = $1 AND key = $2", sid, key) or
+              await self._val("SELECT fp FROM {s}.search_redacted WHERE session_id = $1 AND key = $2", sid, key))
+        if fp is None:
+            return None
+        return [tuple(r) for r in await self._fetch(  # type: ignore[misc]
+            "DELETE FROM {s}.search_docs WHERE session_id = $1 AND (key = $2 OR fp = $3) "
+            "RETURNING rec_seq, slot, key, in_view", sid, key, fp)]
+
+    async def held_slots(self, sid: str, slots: list[tuple[int, int]]) -> int:
+        return int(await self._val("SELECT count(*) FROM {s}.search_docs d JOIN unnest($2::bigint[], $3::int[]) AS "
+                                   "w(seq, slot) ON d.rec_seq = w.seq AND d.slot = w.slot WHERE d.session_id = $1",
+                                   sid, [s for s, _ in slots], [i for _, i in slots]))
+
+    async def redacted_rows(self, sid: str) -> list[tuple[int, bytes | None]]:
+        return [(r[0], None if r[1] is None else bytes(r[1])) for r in await self._fetch(
+            "SELECT key, fp FROM {s}.search_redacted WHERE session_id = $1", sid)]
+
+    async def shift_positions(self, sid: str, after: int, delta: int) -> None:
+        await self._run("UPDATE {s}.search_docs SET pos = pos + $3 WHERE session_id = $1 AND pos > $2",
+                        sid, after, delta)
+
     async def holds(self, sid: str, key: int) -> bool:
         return bool(await self._val("SELECT count(*) FROM {s}.search_docs WHERE session_id = $1 AND key = $2",
                                     sid, key))
@@ -276,9 +299,12 @@ class PgIndex:
 
     async def view_facts(self, sid: str) -> tuple[int, str | None]:
         n = await self._val("SELECT count(*) FROM {s}.search_docs WHERE session_id = $1 AND in_view", sid)
+        return int(n), await self.title(sid)
+
+    async def title(self, sid: str) -> str | None:
         body = await self._val("SELECT body FROM {s}.search_docs WHERE session_id = $1 AND in_view AND "
                                "role = 'user' ORDER BY key LIMIT 1", sid)
-        return int(n), (None if body is None else title_of(body))
+        return None if body is None else title_of(body)
 
     # -- reading --------------------------------------------------------------------------------------
     async def size_bytes(self) -> int:

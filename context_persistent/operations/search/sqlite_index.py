@@ -237,6 +237,39 @@ class SqliteIndex:
     async def clear_erasing(self, sid: str) -> None:
         self.db.execute("DELETE FROM erasing WHERE session_id = ?", (sid,))
 
+    async def delete_copies(self, sid: str, key: int) -> list[tuple[int, int, int, bool]] | None:
+        """Remove the document of ``key`` and every document with its fingerprint (the document's, else the one
+        the ``redacted`` table keeps for the key); ``(rec_seq, slot, key, in_view)`` of each, or None (nothing
+        removed) when neither knows the fingerprint."""
+        db = self.db
+        row = (db.execute("SELECT fp FROM docs WHERE session_id = ? AND key = ?", (sid, key)).fetchone() or
+               db.execute("SELECT fp FROM redacted WHERE session_id = ? AND key = ?", (sid, key)).fetchone())
+        if row is None or row[0] is None:
+            return None
+        where, params = "session_id = ? AND (key = ? OR fp = ?)", (sid, key, row[0])
+        gone = [(s, slot, k, bool(v)) for s, slot, k, v in
+                db.execute(f"SELECT rec_seq, slot, key, in_view FROM docs WHERE {where}", params)]
+        self._delete_docs(where, params)
+        return gone
+
+    async def held_slots(self, sid: str, slots: list[tuple[int, int]]) -> int:
+        """How many of the ``(rec_seq, slot)`` have a document."""
+        n = 0
+        for at in range(0, len(slots), 400):  # (a pass over the session's documents per 400)
+            chunk = slots[at:at + 400]
+            n += self.db.execute(f"SELECT count(*) FROM docs WHERE session_id = ? AND (rec_seq, slot) IN (VALUES "
+                                 f"{', '.join('(?, ?)' for _ in chunk)})",
+                                 (sid, *(v for pair in chunk for v in pair))).fetchone()[0]
+        return n
+
+    async def redacted_rows(self, sid: str) -> list[tuple[int, bytes | None]]:
+        return self.db.execute("SELECT key, fp FROM redacted WHERE session_id = ?", (sid,)).fetchall()
+
+    async def shift_positions(self, sid: str, after: int, delta: int) -> None:
+        """Move the positions of the session's documents after byte ``after`` by ``delta`` (an erasure's
+        tombstone of another length than its record)."""
+        self.db.execute("UPDATE docs SET pos = pos + ? WHERE session_id = ? AND pos > ?", (delta, sid, after))
+
     # -- documents ------------------------------------------------------------------------------------
     async def insert_docs(self, sid: str, docs: Iterable[tuple[Doc, bool]]) -> int:
         db = self.db
@@ -294,9 +327,13 @@ class SqliteIndex:
         """The number of messages in the views and the title (the first user message's text)."""
         db = self.db
         n = db.execute("SELECT count(*) FROM docs WHERE session_id = ? AND in_view = 1", (sid,)).fetchone()[0]
-        row = db.execute("SELECT f.body FROM docs d JOIN fts f ON f.rowid = d.id WHERE d.session_id = ? AND "
-                         "d.in_view = 1 AND d.role = 'user' ORDER BY d.key LIMIT 1", (sid,)).fetchone()
-        return n, (None if row is None else title_of(row[0]))
+        return n, await self.title(sid)
+
+    async def title(self, sid: str) -> str | None:
+        """The first user message's text in the views, shortened (``ls``)."""
+        row = self.db.execute("SELECT f.body FROM docs d JOIN fts f ON f.rowid = d.id WHERE d.session_id = ? AND "
+                              "d.in_view = 1 AND d.role = 'user' ORDER BY d.key LIMIT 1", (sid,)).fetchone()
+        return None if row is None else title_of(row[0])
 
     # -- removing text for good -----------------------------------------------------------------------
     async def purge(self) -> None:
