@@ -104,9 +104,9 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     ``extra`` names more requirements from the index (e.g. ``uv``, which the CLI's module activator runs).
     Everything is first built or fetched as wheels into ``base/wheels`` (the archives built once), then
     installed from there alone, without compiling bytecode (``Cli`` runs write it for what they import). The
-    local projects (the archives and this package) are built in one build environment, ``base/build``, holding
-    the build requirements their ``pyproject.toml`` files declare (one pip run; pip's own isolation installs
-    them again for every project: about 2.5 s more on 2 cores);
+    local projects (the archives and this package) are built first, without their dependencies, in one build
+    environment, ``base/build``, holding the build requirements their ``pyproject.toml`` files declare (pip's
+    own isolation installs them again for every project: 2-3 s more on 2 cores);
     ``wheels`` names the folder of an earlier host to install from instead (only this host's ``extra`` and
     package are then fetched or built). ``more_archives`` names more archives of the host folder to install
     (e.g. ``amplifier-module-context-simple``, for the benchmark).
@@ -142,24 +142,23 @@ def build_host(base: Path, *, install_package: bool = True, extra: tuple[str, ..
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, 120)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
     own = [str(package)] if install_package else []
-    if wheels is None:
-        wheels = base / "wheels"
-        local = [*sources, *own]
-        fetch = [CORE, *local, *extra]
-    else:
-        local = own
-        fetch = [*own, *extra]
+    fresh = wheels is None  # (else only this host's package and extra are built or fetched)
+    local = [*sources, *own] if fresh else own
+    wheels = base / "wheels" if wheels is None else wheels
+    cache = ["--cache-dir", str(wheels.parent / "pip-cache")]
+    built: list[str] = []
+    if local:
+        build = base / "build"
+        _run([sys.executable, "-m", "venv", "--without-pip", str(build)], env, 120)
+        build_pip = [sys.executable, "-m", "pip", "--python", str(build / "bin" / "python")]
+        _run([*build_pip, "install", "--quiet", *cache, *build_requirements(local)], env, 600, cwd=base)
+        _run([*build_pip, "wheel", "--quiet", "--no-build-isolation", "--no-deps", *cache,
+              "--wheel-dir", str(base / "built"), *local], env, 600, cwd=base)
+        built = sorted(str(p) for p in (base / "built").glob("*.whl"))
+    # The built wheels and what they need (from the index, sdists built in pip's isolated environments), into wheels.
+    fetch = [*([CORE] if fresh else []), *built, *extra]
     if fetch:
-        cache = ["--cache-dir", str(wheels.parent / "pip-cache")]
-        wheel = [*pip, "wheel", "--quiet", *cache, "--wheel-dir", str(wheels)]
-        if local:
-            build = base / "build"
-            _run([sys.executable, "-m", "venv", "--without-pip", str(build)], env, 120)
-            _run([sys.executable, "-m", "pip", "--python", str(build / "bin" / "python"), "install", "--quiet", *cache,
-                  *build_requirements(local)], env, 600, cwd=base)
-            wheel = [sys.executable, "-m", "pip", "--python", str(build / "bin" / "python"), "wheel", "--quiet",
-                     "--no-build-isolation", *cache, "--wheel-dir", str(wheels)]
-        _run([*wheel, *fetch], env, 600, cwd=base)
+        _run([*pip, "wheel", "--quiet", *cache, "--wheel-dir", str(wheels), *fetch], env, 600, cwd=base)
     _run([*pip, "install", "--quiet", "--no-index", "--no-compile", "--find-links", str(wheels), CORE, *ARCHIVES,
           *more_archives,
           *(["context-persistent"] if install_package else []), *extra], env, 600, cwd=base)
