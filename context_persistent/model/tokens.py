@@ -109,7 +109,7 @@ def _cl100k_file() -> Path:
 
 def _ranks(path: Path, expected: str, name: str, package: str) -> dict[bytes, int]:
     """The ranks of a ``.tiktoken`` file (gzipped if it ends in .gz), verified against ``expected`` SHA-256."""
-    from binascii import Error as Base64Error, a2b_base64
+    from binascii import a2b_base64
 
     raw = path.read_bytes()
     if path.suffix == ".gz":
@@ -125,7 +125,7 @@ def _ranks(path: Path, expected: str, name: str, package: str) -> dict[bytes, in
     fields = raw.split()
     try:
         ranks = dict(zip(map(a2b_base64, fields[0::2]), map(int, fields[1::2]))) if len(fields) % 2 == 0 else {}
-    except (Base64Error, ValueError):
+    except ValueError:  # (binascii.Error is one: a token that is not base64)
         ranks = {}
     if not ranks or len(fields) != 2 * len(ranks):
         raise RuntimeError(f"{path}: {name} data is not lines of a base64 token and its rank, each token once "
