@@ -25,10 +25,12 @@ demo: $(DEMO_VENV)/.stamp
 	@$(DEMO_VENV)/bin/context-persistent demo
 
 ## test: the whole suite, slow crash tests included (what CI runs), in TEST_WORKERS pytest-xdist workers;
-## the bytecode is compiled first, once, for the many child processes the tests start
+## the bytecode is compiled first, once, for the many child processes the tests start, and so is pytest's
+## assertion-rewritten bytecode of the test modules, which every worker would otherwise make for itself
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
-BYTECODE := $(PY) -m compileall -q context_persistent amplifier_module_context_persistent benchmarks tests
+BYTECODE := $(PY) -m compileall -q context_persistent amplifier_module_context_persistent benchmarks tests \
+	&& $(PY) tests/warm_rewrites.py
 test: $(STAMP)
 	@$(BYTECODE)
 	$(PYTEST)

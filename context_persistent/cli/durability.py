@@ -11,18 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..model import json_lossless
 from ..errors import FOREIGN_LOG_ADVICE, ContextPersistentError, SessionLockedError
 from ..storage.paths import session_dir
-from ..operations.repair import Report, RepairResult, repair, verify
-from ..operations.semantic import SemanticRepair
-from ..store.semantic_repair import repair_semantic
 from . import EXIT_OK, EXIT_PROBLEM, UsageError, require_storage, storage_of
 from .transfer import Progress
+
+if TYPE_CHECKING:  # (imported where verify and repair run: every other command starts without them)
+    from ..operations.repair import Report, RepairResult
+    from ..operations.semantic import SemanticRepair
 
 
 def _directory(args: argparse.Namespace) -> Any:
@@ -143,6 +144,8 @@ def _run(args: argparse.Namespace, name: str, work: Any, describe: Any, quiet: b
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from ..operations.repair import verify
+
     receipt = _load_receipt(args.receipt) if getattr(args, "receipt", None) else None
     if receipt is not None and getattr(args, "dsn", None):
         return _verify_receipt_pg(args, receipt)
@@ -236,6 +239,8 @@ def _ids(message: dict[str, Any]) -> list[str]:
 def _hint_semantic(args: argparse.Namespace) -> None:
     """After a plain repair: if the history's tool calls still do not pair up (which only ``--semantic`` fixes),
     say so, rather than leave "needs no repair" as the last word."""
+    from ..operations.repair import verify
+
     report = verify(session_dir(require_storage(args), args.session), args.session)
     unpaired = [f for f in report.semantic if f.problem]
     if unpaired:
@@ -245,6 +250,9 @@ def _hint_semantic(args: argparse.Namespace) -> None:
 
 
 def run_repair(args: argparse.Namespace) -> int:
+    from ..operations.repair import repair
+    from ..store.semantic_repair import repair_semantic
+
     try:
         result = _run(args, "repair", repair, format_repair, quiet=getattr(args, "semantic", False))
     except SessionLockedError as e:

@@ -8,11 +8,13 @@ import argparse
 import math
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..model.retention import MAX_COUNT, MAX_DAYS, POLICY_KEYS, RetentionPolicy
 from . import backend_of, require_storage
 from .output import print_json
+
+if TYPE_CHECKING:  # (imported where a retention command runs: every other command starts without it)
+    from ..model.retention import RetentionPolicy
 
 EXAMPLES = """examples:
   context-persistent retention plan --max-age-days 90            what would expire, and why (changes nothing)
@@ -29,6 +31,8 @@ exit codes: 0 done, 1 problem (an entry refused, a session locked), 2 usage erro
 
 
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
+    from ..model.retention import POLICY_KEYS, RetentionPolicy
+
     config = {k: getattr(args, k) for k in POLICY_KEYS if getattr(args, k, None) is not None}
     if getattr(args, "follow_amplifier", None) is not None:
         if _pg(args):
@@ -202,6 +206,8 @@ def run_purge(args: argparse.Namespace) -> int:
 
 
 def _days(text: str) -> float:
+    from ..model.retention import MAX_DAYS
+
     try:
         value = float(text)
     except ValueError:
@@ -212,6 +218,8 @@ def _days(text: str) -> float:
 
 
 def _count(text: str) -> int:
+    from ..model.retention import MAX_COUNT
+
     try:
         value = int(text)
     except ValueError:
