@@ -35,7 +35,7 @@ REQUIRE_ENV = "CONTEXT_PERSISTENT_REQUIRE_AMPLIFIER_HOST"
 ARCHIVES = ("amplifier-app-cli", "amplifier-foundation", "amplifier-module-loop-basic")
 CORE = "amplifier-core==2.0.2"
 #: What of the repository goes into the build copy that is installed into the host's environment.
-PACKAGE_FILES = ("pyproject.toml", "README.md", "context_persistent", "amplifier_module_context_persistent")
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "context_persistent", "amplifier_module_context_persistent")
 
 
 def host_dir() -> Path:
