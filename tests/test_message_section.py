@@ -407,11 +407,13 @@ async def test_an_erase_before_the_deferred_seed_drops_it(storage: Path) -> None
     assert [p.name for p in folder.iterdir() if p.is_file() and NEEDLE in p.read_bytes()] == []
 
 
+@pytest.mark.parametrize("into", [None, "whole", "short"])
 @pytest.mark.parametrize("piece", [7, 64, 1 << 20])
 def test_a_section_is_parsed_the_same_whatever_its_lines_and_read_pieces(monkeypatch: pytest.MonkeyPatch,
-                                                                         piece: int) -> None:
+                                                                         piece: int, into: str | None) -> None:
     """parse_messages reads a piece at a time and parses each line where it lies: lines longer than a piece,
-    several in one, nulls, and a malformed line anywhere (reported only once the checksum was read whole)."""
+    several in one, nulls, and a malformed line anywhere (reported only once the checksum was read whole). The
+    same with a reader that reads into one buffer (a file's: ``into``), also when it reads less than asked."""
     monkeypatch.setattr(payload_mod, "_PIECE", piece)
     lines = [orjson.dumps([{"role": "user", "content": f"m{i}-{j} ü"} for j in range(i % 4 + 1)] + [None] * (i % 2))
              for i in range(9)]
@@ -419,7 +421,17 @@ def test_a_section_is_parsed_the_same_whatever_its_lines_and_read_pieces(monkeyp
 
     def section(body: bytes, stored: bytes | None = None) -> tuple[Any, int]:
         data = b"xx" + (stored or body) + b"\n%08x\n" % zlib.crc32(body + b"\n")
-        return (lambda offset, count: data[offset:offset + count]), len(body)
+
+        def read(offset: int, count: int) -> bytes:
+            return data[offset:offset + count]
+
+        def read_into(offset: int, view: memoryview) -> int:
+            got = data[offset:offset + (len(view) if into == "whole" else min(len(view), 5))]
+            view[:len(got)] = got
+            return len(got)
+        if into is not None:
+            read.into = read_into  # type: ignore[attr-defined]
+        return read, len(body)
 
     read, length = section(b"\n".join(lines))
     assert payload_mod.parse_messages(read, 2, length, len(expected)) == expected
@@ -433,3 +445,12 @@ def test_a_section_is_parsed_the_same_whatever_its_lines_and_read_pieces(monkeyp
     read, length = section(body, body.replace(b"m3-0", b"m3-1"))  # (a message changed after its checksum)
     with pytest.raises(payload_mod.CheckpointError, match="checksum mismatch"):
         payload_mod.parse_messages(read, 2, length, len(expected))
+    for stored in (body[:-9], body[:20]):  # (the file ends inside the section or its trailer)
+        read, length = section(body, stored)
+        if stored == body[:20]:
+            read_all = read
+            read = (lambda offset, count: read_all(offset, count) if offset < 22 else b"")  # noqa: E731
+            if into is not None:
+                read.into = read_all.into  # type: ignore[attr-defined]
+        with pytest.raises(payload_mod.CheckpointError, match="truncated message section"):
+            payload_mod.parse_messages(read, 2, length, len(expected))

@@ -347,6 +347,60 @@ async def test_a_closed_store_leaves_no_write_ahead_log_behind(storage: Path) ->
     assert len(await search(storage, "herons", catch_up=False)) == 6
 
 
+class _HostCoordinator:
+    session_id = "h"
+    hooks = None
+
+    async def mount(self, point: str, instance: Any) -> None:
+        self.context = instance
+
+
+async def test_the_amplifier_hosts_close_leaves_the_work_not_begun_to_readers(storage: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Amplifier mount's close (a CLI turn is a process) withdraws the index's catch-up the writer's thread has
+    not begun (its quiet period after the appends) instead of waiting for it: nothing is written to the index
+    then, no write-ahead log is left, and a reader's catch-up finds the records (docs/search.md)."""
+    from context_persistent.integrations.amplifier import mount
+    from context_persistent.operations.search import background
+
+    monkeypatch.setattr(background, "QUIET", 30.0)  # (the thread's work never begins before the close)
+    monkeypatch.setattr(background, "MAX_DELAY", 60.0)
+    coordinator = _HostCoordinator()
+    cleanup = await mount(coordinator, {"storage_path": str(storage)})
+    await coordinator.context.add_message({"role": "user", "content": "about herons"})
+    await coordinator.context.add_message({"role": "assistant", "content": "herons wade"})
+    await cleanup()
+    assert not index_path(storage).exists()
+    assert not Path(f"{index_path(storage)}-wal").exists()
+    assert len(await search(storage, "herons")) == 2  # (the reader catches up)
+    assert _contents(storage) == await _rebuilt(storage)
+
+
+async def test_the_amplifier_hosts_close_waits_while_the_thread_holds_the_index_open(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the writer's thread has indexed something of the process (its connection to the index is open: a
+    real model's reply gives it the time), the Amplifier mount's close waits for the rest as the library's does,
+    so the thread closes its connection and leaves no write-ahead log for the next process."""
+    from context_persistent.integrations.amplifier import mount
+    from context_persistent.operations.search import background
+
+    monkeypatch.setattr(background, "QUIET", 0.0)
+    coordinator = _HostCoordinator()
+    cleanup = await mount(coordinator, {"storage_path": str(storage)})
+    await coordinator.context.add_message({"role": "user", "content": "about egrets"})
+    for _ in range(500):  # (until the thread has indexed the prompt: at most 5 s)
+        if index_path(storage).exists() and await search(storage, "egrets", catch_up=False):
+            break
+        await asyncio.sleep(0.01)
+    assert len(await search(storage, "egrets", catch_up=False)) == 1
+    monkeypatch.setattr(background, "QUIET", 30.0)  # (the answer's work would begin only after the close)
+    monkeypatch.setattr(background, "MAX_DELAY", 60.0)
+    await coordinator.context.add_message({"role": "assistant", "content": "egrets wade too"})
+    await cleanup()
+    assert len(await search(storage, "egrets", catch_up=False)) == 2
+    assert not Path(f"{index_path(storage)}-wal").exists()
+
+
 async def test_a_close_waits_for_the_writers_thread_on_the_event_loop(storage: Path) -> None:
     """The close waits for the session's indexing without a thread of the event loop's executor (which it would
     start, with its shutdown at the loop's end, for that one wait: in every CLI turn)."""

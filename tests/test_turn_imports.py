@@ -3,8 +3,9 @@ imports and each pattern it compiles is paid on every turn (docs/performance.md,
 
 The turn is run in a fresh interpreter the way the host runs it: amplifier_core's validator mounts the module
 (a throwaway store), then a new session is mounted, given a transcript, appended to, asked for a request view
-and cleaned up, then the same session is resumed for a second turn. The writer's search-indexing thread runs
-(its index is written), so what must not load is what only a query, a trash, a fit or a tokenizer file needs.
+and cleaned up, then the same session is resumed for a second turn, whose model reply takes longer than the
+writer's search-indexing thread waits before it works: the thread runs (its index is written), so what must not
+load is what only a query, a trash, a fit or a tokenizer file needs.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ class Coordinator:
     async def mount(self, point, instance):
         self.context = instance
 
-async def turn(n):
+async def turn(n, reply):
     c = Coordinator()
     cleanup = await entry.mount(c, {"storage_path": storage, "fsync": "always"})
     await c.context.get_messages()
     await c.context.set_messages([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}])
     await c.context.add_message({"role": "user", "content": f"turn {n}: about herons"})
     await c.context.get_messages_for_request()
+    await asyncio.sleep(reply)  # (the model's reply: the indexer's thread works meanwhile once its quiet ends)
     await c.context.add_message({"role": "assistant", "content": "herons wade"})
     await cleanup()
 
@@ -49,8 +51,14 @@ async def main():
     else:
         result = await ContextValidator().validate(os.path.dirname(entry.__file__), config={"storage_path": storage})
         validated = result.passed
-    await turn(1)
-    await turn(2)
+    from context_persistent.operations.search import background
+    quiet, background.QUIET, background.MAX_DELAY = background.QUIET, 30.0, 60.0
+    await turn(1, 0.0)  # (a reply faster than the indexer's quiet period: the close leaves its work to readers)
+    global quick
+    quick = sorted(m for m in sys.modules if m == "sqlite3" or m.startswith("context_persistent.operations.search.")
+                   and m.rsplit(".", 1)[1] in ("indexer", "sqlite_index", "fold"))
+    background.QUIET, background.MAX_DELAY = quiet, 2.0
+    await turn(2, quiet + 0.3)
     return validated
 
 validated = asyncio.run(main())
@@ -59,7 +67,8 @@ compiled = {name: getattr(text, name).cache_info().currsize if hasattr(text, nam
 dataclasses = sorted(f"{m.__name__}.{v.__qualname__}" for name, m in list(sys.modules.items())
                      if name.startswith("context_persistent") for v in vars(m).values()
                      if isinstance(v, type) and v.__module__ == name and "__dataclass_fields__" in vars(v))
-print(json.dumps({"modules": sorted(sys.modules), "validated": validated, "dataclasses": dataclasses, **compiled}))
+print(json.dumps({"modules": sorted(sys.modules), "validated": validated, "dataclasses": dataclasses, "quick": quick,
+                  **compiled}))
 """
 
 #: Loaded by a query, a trash, a calibration fit, a gzipped tokenizer file, a token count, an erase, a
@@ -90,6 +99,13 @@ def test_a_turn_loads_neither_the_query_side_nor_what_only_rare_paths_need(turn:
     assert (turn["storage"] / ".search" / "index.sqlite3").exists()
     assert turn["validated"] in (True, None)
     assert sorted(loaded & set(NOT_ON_THE_TURN_PATH)) == []
+
+
+def test_a_turn_closed_before_the_indexers_quiet_period_ends_loads_no_indexing_side(turn: dict) -> None:
+    """The writer's thread imports the indexing side (and sqlite3) when it first has work to do, after the quiet
+    period that follows an append: a CLI turn whose reply is faster, closed meanwhile (its close leaves the work
+    to readers: docs/search.md), imports none of it."""
+    assert turn["quick"] == []
 
 
 def test_the_classes_a_turn_loads_are_not_dataclasses(turn: dict) -> None:

@@ -320,3 +320,46 @@ def test_the_pending_reports_asked_are_those_every_pending_report_would_answer(t
         await store.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("fsync", ["always", "batch"])
+async def test_a_resume_reads_the_reports_where_the_checkpoint_says_not_the_whole_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str) -> None:
+    """A session with few reports and a long history (every report is wanted at open): its checkpoint keeps where
+    the reports start (``usage_at``), so a resume reads the log back only to the checkpoint and the older
+    reports where they are, and its meter is the one a whole backward read makes. Once the reports are known at
+    every place, later checkpoints keep them too."""
+    from context_persistent.storage import newest
+
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync=fsync)
+    for turn in range(3):
+        await store.add_message({"role": "user", "content": f"turn {turn}"})
+        await store.record_usage(CLAUDE, provider="anthropic", model="claude-x", id=f"r{turn}")
+        await store.add_messages([{"role": "assistant", "content": f"answer {turn} " + "x" * 300}] * 200)
+    await store.close()
+
+    stops: list[int] = []
+    real = newest._backwards
+
+    def spy(log: Any, kind: str, limit: int, stop: int = 0, where: Any = None) -> Any:
+        stops.append(stop)
+        return real(log, kind, limit, stop, where)
+    monkeypatch.setattr(newest, "_backwards", spy)
+    for turn in range(2):  # (the first resume: the checkpoint the first process wrote; then its successor's)
+        store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync=fsync)
+        cp = store._s.checkpoints
+        assert cp.loaded_seq and len(cp.loaded_usage_at) == 3 + turn
+        assert stops == [cp.position] and store.stats()["last_usage"]["id"] == f"r{2 + turn}"
+        assert {i for _, i in store._usage._ids} == {f"r{i}" for i in range(3 + turn)}  # (every report read)
+        await store.record_usage(CLAUDE, provider="anthropic", model="claude-x", id=f"r{3 + turn}")
+        await store.add_messages([{"role": "user", "content": "more " + "y" * 300}] * 300)
+        await store.close()
+        stops.clear()
+    monkeypatch.setattr(newest, "_backwards", real)
+    (tmp_path / "s" / "checkpoint.json").unlink()  # (the whole log read back, as without the positions)
+    store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync=fsync)
+    try:
+        assert store.stats()["last_usage"]["id"] == "r4" and store._usage.positions is not None
+        assert list(store._usage.positions) == cp.loaded_usage_at + [store._usage.positions[-1]]
+    finally:
+        await store.close()

@@ -26,7 +26,9 @@ class HostContext(PersistentContextManager):
     the store. Such a message is appended all the same (the log is opened again for it, written, closed: what
     ``add_message`` acknowledges is durable), with no traceback; if another process holds the session by
     then, one warning line says the message was not stored and why. Only a store the mount's cleanup closed
-    does this (``closed_by_host``); everything else is the library's ``PersistentContextManager``.
+    does this (``closed_by_host``); everything else is the library's ``PersistentContextManager``, but for its
+    close, which leaves the search index's catch-up of the last records the writer's thread has not begun to
+    readers (docs/search.md, "How it stays a projection").
     """
 
     closed_by_host = False
@@ -38,6 +40,8 @@ class HostContext(PersistentContextManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._s.share_views = True  # (the request view holds get_messages' copies: Session.view_copy)
+        # (a CLI turn is a process: its close leaves the index's catch-up of its last records to readers)
+        self._s.index_left_to_readers = True
 
     async def link_host(self) -> bool:
         """Link the session to the CLI's folder of it once that folder exists: a ``host_linked`` record in the

@@ -102,7 +102,7 @@ class Lifecycle:
         try:
             await s.checkpoints.close(s.state, s.log, s.tokenizer_name)
             if s.indexer is not None:  # (the search index's thread: the session's pending catch-up, bounded)
-                await s.indexer.wait(s.session_id)
+                await (s.indexer.leave if s.index_left_to_readers else s.indexer.wait)(s.session_id)
         finally:
             await s.log.close()
             if s.pager is not None:

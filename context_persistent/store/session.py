@@ -88,6 +88,9 @@ class Session:
         #: Keeps the storage's search index current after appends (operations/search/background.py); None for
         #: a reader or with ``search_index: false`` (readers then catch up what it did not do).
         self.indexer: Any = None
+        #: The close leaves the indexer's work not begun to readers (``BackgroundIndexer.leave``) instead of
+        #: waiting for it: the Amplifier mount, whose CLI starts a process per turn (docs/search.md).
+        self.index_left_to_readers = False
         #: The ``epoch`` the indexer last saw: a change hands it the history's keys (search/indexer.Snapshot).
         self.indexed_epoch = -1
         #: The dicts the last ``get_messages()`` handed out (history_copy), by place.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..model import events as ev
 from ..model.calibration import WINDOW, Calibration, Fit, Key
 from ..model.usage import request_tokens, usage_data
+from ..storage.log import FileEventLog
 from .session import Session
 from .view_bound import fits
 from .writer import Writer
@@ -66,6 +67,14 @@ class UsageMeter:
         #: predicting more per token of bound than every later one: the first predicts the most (_pending_fit).
         self._worst: deque[tuple[int, int, int]] = deque()
         self.calibration = Calibration()
+        #: Where the newest reports of the log start (its ``REBUILD_REPORTS`` newest, ascending), while known:
+        #: checkpoints keep them (``usage_at``, :meth:`known_at`), so that the next open reads them there
+        #: instead of reading the log back to the oldest (:meth:`rebuild`). None: not known.
+        self.positions: deque[int] | None = None
+        self._seen = 0  # (the reports the positions account for: the log's, once they are known)
+        self._rewrites = session.rewrites
+        writer.on_usage = self._applied
+        session.checkpoints.usage_at = self.known_at
         #: (head seq, store's token count, provider key) of the request view served last: what a report answers.
         self.served: tuple[int, int | Callable[..., Any] | None, Key] | None = None
         self.last_report: dict[str, Any] | None = None
@@ -84,24 +93,58 @@ class UsageMeter:
 
     async def rebuild(self) -> None:
         """Fold the log's newest reports (at open). A log that cannot be read back here keeps the prior (logged);
-        the store's own reads report what is wrong with it."""
-        reports = self._s.state.counts.get(ev.USAGE_REPORTED)
+        the store's own reads report what is wrong with it.
+
+        Those before the loaded checkpoint are read where its ``usage_at`` says they start (docs/format.md), the
+        rest from the log's tail backwards: a session whose reports are fewer than ``REBUILD_REPORTS`` (every
+        one is wanted) is not read back to its oldest. Positions that hold no such record, or fewer than
+        wanted, are not used: the log is read back then, as without them (storage/newest.py)."""
+        s = self._s
+        reports = s.state.counts.get(ev.USAGE_REPORTED)
+        file = isinstance(s.log, FileEventLog)
         if not reports:
+            self.positions = deque(maxlen=REBUILD_REPORTS) if file else None
             return
         from ..storage.newest import newest_records
 
+        limit = min(REBUILD_REPORTS, reports)
+        at, cp = s.checkpoints.loaded_usage_at, s.checkpoints
+        known = ((cp.position, at) if file and cp.loaded_seq and type(at) is list and len(at) <= REBUILD_REPORTS
+                 and all(type(p) is int for p in at) and at == sorted(at) and (not at or 0 <= at[0]
+                                                                                and at[-1] < cp.position) else None)
+        where: list[int] = []
         try:  # (no more than the log holds: the backward read stops at its oldest report, not at the start)
-            records = await newest_records(self._s.log, ev.USAGE_REPORTED, min(REBUILD_REPORTS, reports))
+            records = await newest_records(s.log, ev.USAGE_REPORTED, limit, known, where)
         except Exception as e:
             logger.warning("session %s: could not read the usage reports back (%s); the meter starts from the prior",
-                           self._s.session_id, e)
+                           s.session_id, e)
             return
+        if file and len(where) == len(records) == limit:
+            self.positions, self._seen = deque(where, maxlen=REBUILD_REPORTS), reports
         for rec in records:
             data = rec["data"]
             self._fold(data)
             view = data.get("view")
             if data.get("estimated_tokens") is None and isinstance(view, dict):
                 self._add_pending(data, self._logged_view(view))
+
+    def _applied(self, start: int | None) -> None:
+        """A report of this store was applied at ``start`` in the log (Writer.on_usage)."""
+        if self.positions is not None:
+            if start is None:
+                self.positions = None
+            else:
+                self.positions.append(start)
+        self._seen += 1
+
+    def known_at(self) -> list[int] | None:
+        """Where the log's newest reports start (a checkpoint's ``usage_at``), or None when that is not known for
+        every one the log holds (an erasure in this process moved records; one was applied some other way)."""
+        s = self._s
+        if (self.positions is None or s.rewrites != self._rewrites
+                or s.state.counts.get(ev.USAGE_REPORTED, 0) != self._seen):
+            return None
+        return list(self.positions)
 
     def _fold(self, data: dict[str, Any]) -> None:
         if isinstance(data.get("id"), str):

@@ -44,6 +44,8 @@ class Writer:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         #: Set while :meth:`exclusive` holds the log: commits wait on it, queued events are not flushed.
         self._gate: asyncio.Future[None] | None = None
+        #: Told the position of each ``usage_reported`` record once applied (the usage meter: store/usage.py).
+        self.on_usage: Any = None
 
     async def commit(self, type_: str, data: Any, data_json: bytes | None = None) -> int:
         """Append one event and apply it once it is durable (per the fsync policy); returns its seq."""
@@ -68,6 +70,8 @@ class Writer:
         s.state.apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
         if type_ not in _KEEPS_EPOCH:
             s.epoch += 1
+        elif type_ == ev.USAGE_REPORTED and self.on_usage is not None:
+            self.on_usage(start)
         self._after_append()
         return seq
 
@@ -108,6 +112,8 @@ class Writer:
             apply({"seq": seq, "ts": ts, "type": t, "data": d}, start, len(line))
             if t not in _KEEPS_EPOCH:
                 s.epoch += 1
+            elif t == ev.USAGE_REPORTED and self.on_usage is not None:
+                self.on_usage(start)
         self._after_append()
 
     def enqueue(self, type_: str, data: Any, data_json: bytes) -> asyncio.Future[int]:
@@ -198,6 +204,8 @@ class Writer:
                     apply({"seq": seq, "ts": ts, "type": type_, "data": data}, start, len(line))
                     if type_ not in _KEEPS_EPOCH:
                         s.epoch += 1
+                    elif type_ == ev.USAGE_REPORTED and self.on_usage is not None:
+                        self.on_usage(start)
                     if fut is not None and not fut.done():  # (a cancelled caller's record is written all the same)
                         fut.set_result(seq)
                 self._settled += len(pending)

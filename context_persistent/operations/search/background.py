@@ -12,8 +12,14 @@ the log to the next one, which reads all of it to recover and then appends to it
 and every process paid for reading it (#23).
 
 The indexing side (``indexer``, ``fold``, ``sqlite_index`` with ``sqlite3``, ``text``) is imported by the thread
-when it starts, at the first append: a store that is opened and appended to loads only this module on its own
-thread, and the imports run while that thread waits for the fsyncs and the model's reply (#23).
+when it first has work to do, after the quiet period that follows an append: a store that is opened and appended
+to loads only this module, and the imports run while the caller waits for the model's reply (#23). A process
+whose store is closed before that (an Amplifier CLI turn with a fast reply: ``leave``) imports none of it.
+
+``leave`` is the Amplifier host's close (docs/search.md, "How it stays a projection"): the session's work the
+thread has not begun is withdrawn, for the next reader or writer to catch up from the index's anchor; work it is
+doing, and any work while its connection to the index is open, is waited for as ``wait`` does (the connection is
+then closed, so no write-ahead log is left behind).
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class BackgroundIndexer:
         self._waiters: dict[str, list[Callable[[], None]]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        #: The thread holds a connection to the index (from a catch-up's start until it closes it).
+        self._connected = False
         self.errors: dict[str, str] = {}
 
     def notify(self, sid: str, snapshot: Snapshot | None) -> None:
@@ -140,53 +148,83 @@ class BackgroundIndexer:
                     self._waiters.pop(sid, None)
                     self._urgent.discard(sid)
 
-    def _run(self) -> None:
-        from .indexer import catch_up_session  # (loaded here, on the thread: see the docstring)
-        from .sqlite_index import SqliteIndex
+    async def leave(self, sid: str, timeout: float = 30.0) -> bool:
+        """The close of a short-lived process (the Amplifier host's, docs/search.md): the session's work the
+        thread has not begun is withdrawn and left to the next reader or writer, which catch up from the index's
+        anchor; work it is doing, or any while it holds a connection to the index, is waited for as :meth:`wait`
+        does (the thread then closes that connection: no write-ahead log is left for the next process). True
+        when nothing of the session is left running."""
+        with self._cond:
+            if self._running != sid and not self._connected:
+                self._pending.pop(sid, None)
+                return True
+        return await self.wait(sid, timeout)
 
-        loop = asyncio.new_event_loop()
-        index = self._make_index()
+    def _run(self) -> None:
+        loop: asyncio.AbstractEventLoop | None = None
+        index: Any = None
         try:
             while True:
                 with self._cond:
-                    while not self._pending:
-                        if not self._cond.wait(60.0):
-                            if not self._pending:
-                                self._thread = None
-                                return
-                    while not self._urgent & self._pending.keys():
-                        now = time.monotonic()
-                        wait = min(self._last + QUIET, self._since + MAX_DELAY) - now
-                        if wait <= 0:
+                    while True:
+                        while not self._pending:
+                            if not self._cond.wait(60.0):
+                                if not self._pending:
+                                    self._thread = None
+                                    return
+                        while self._pending and not self._urgent & self._pending.keys():
+                            now = time.monotonic()
+                            wait = min(self._last + QUIET, self._since + MAX_DELAY) - now
+                            if wait <= 0:
+                                break
+                            self._cond.wait(wait)
+                        if self._pending:  # (else all of it was withdrawn meanwhile: leave)
                             break
-                        self._cond.wait(wait)
                     urgent = [s for s in self._pending if s in self._urgent]
                     sid = urgent[0] if urgent else next(iter(self._pending))
                     snapshot = self._pending.pop(sid)
                     self._since = time.monotonic()
                     self._running = sid
+                    self._connected = True
+                closed = False
                 try:
+                    if index is None:  # (the first work: the indexing side loads now, on this thread)
+                        from .indexer import catch_up_session
+                        from .sqlite_index import SqliteIndex
+
+                        loop = asyncio.new_event_loop()
+                        index = self._make_index()
+                    assert loop is not None
                     loop.run_until_complete(catch_up_session(index, sid, snapshot=snapshot))
                     self.errors.pop(sid, None)
                     with self._cond:
                         idle = sid in self._urgent and not self._pending
                     if idle and isinstance(index, SqliteIndex):  # (a store's close waits: see the docstring)
                         index.close()
+                        closed = True
                 except Exception as e:
                     self.errors[sid] = str(e)
                     logger.warning("search index: could not index session %s (%s); a later append or search "
                                    "catches it up", sid, e)
-                    loop.run_until_complete(index.aclose())
+                    if loop is not None and index is not None:
+                        loop.run_until_complete(index.aclose())
+                    closed = True
                 finally:
                     with self._cond:
                         self._running = None
+                        if closed:
+                            self._connected = False
                         if sid not in self._pending:
                             for wake in self._waiters.pop(sid, ()):
                                 wake()
                         self._cond.notify_all()
         finally:
-            loop.run_until_complete(index.aclose())
-            loop.close()
+            if loop is not None:
+                if index is not None:
+                    loop.run_until_complete(index.aclose())
+                loop.close()
+            with self._cond:
+                self._connected = False
 
 
 def _settle(done: asyncio.Future[None]) -> None:

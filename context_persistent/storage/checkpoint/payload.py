@@ -208,7 +208,42 @@ def parse_messages(read: Callable[[int, int], bytes], start: int, length: int, n
     for a state of ``n`` messages: newline-separated JSON arrays holding ``n`` items in all, each a message (an
     object) or null. Read and parsed a piece (``_PIECE``) at a time, so that loading it never holds the whole
     section's bytes beside its messages; its CRC line is checked before anything is returned (CheckpointError:
-    damaged or malformed; the caller reads the messages from the log instead and says so)."""
+    damaged or malformed; the caller reads the messages from the log instead and says so). A ``read`` with an
+    ``into(offset, buffer) -> count`` (a file's: store.message_reader) reads every piece into one buffer."""
+    into = getattr(read, "into", None)
+    items, crc, malformed = _pieces(read, start, length) if into is None else _pieces_into(into, start, length)
+    trailer = read(start + length, 1 + _TRAILER)
+    got = b"\n%08x\n" % zlib.crc32(b"\n", crc)
+    if trailer != got:
+        if len(trailer) != 1 + _TRAILER or trailer[:1] != b"\n" or trailer[-1:] != b"\n":
+            raise CheckpointError(f"truncated message section (its trailer is {trailer!r})")
+        raise CheckpointError(f"message section checksum mismatch (stored {trailer[1:-1].decode('ascii', 'replace')}, "
+                              f"computed {got[1:-1].decode()}): truncated or corrupt")
+    if malformed is not None:
+        raise CheckpointError(f"malformed message section: {malformed}")
+    if len(items) != n:
+        raise CheckpointError(f"malformed message section: {len(items)} items for a state of {n} messages")
+    if not set(map(type, items)) <= {dict, type(None)}:
+        raise CheckpointError("malformed message section: an item is neither a message nor null")
+    return items
+
+
+def _lines(data: Any, view: memoryview, cut: int, items: list[Any]) -> None:
+    """Parse the lines of ``data`` before ``cut`` where they lie (``view``: a view of it), into ``items``."""
+    at = 0
+    while True:
+        nl = data.find(b"\n", at, cut)
+        part = json_lossless.loads(view[at:cut if nl < 0 else nl])
+        if type(part) is not list:
+            raise ValueError(f"a line holds {type(part).__name__}, not an array")
+        items.extend(part)
+        if nl < 0:
+            return
+        at = nl + 1
+
+
+def _pieces(read: Callable[[int, int], bytes], start: int, length: int) -> tuple[list[Any], int, str | None]:
+    """:func:`parse_messages`' read: ``(items, CRC-32 of the section, why it is malformed or None)``."""
     items: list[Any] = []
     crc, pos = 0, 0
     pending = bytearray()  # (the start of a line not complete yet)
@@ -233,33 +268,47 @@ def parse_messages(read: Callable[[int, int], bytes], start: int, length: int, n
             continue
         try:  # (each line parsed where it lies: no copy of the piece split into lines)
             with memoryview(data) as view:
-                at = 0
-                while True:
-                    nl = data.find(b"\n", at, cut)
-                    part = json_lossless.loads(view[at:cut if nl < 0 else nl])
-                    if type(part) is not list:
-                        raise ValueError(f"a line holds {type(part).__name__}, not an array")
-                    items.extend(part)
-                    if nl < 0:
-                        break
-                    at = nl + 1
+                _lines(data, view, cut, items)
                 pending = bytearray(view[cut + 1:])
         except (orjson.JSONDecodeError, ValueError) as e:
             malformed, items, pending = str(e), [], bytearray()
-    trailer = read(start + length, 1 + _TRAILER)
-    got = b"\n%08x\n" % zlib.crc32(b"\n", crc)
-    if trailer != got:
-        if len(trailer) != 1 + _TRAILER or trailer[:1] != b"\n" or trailer[-1:] != b"\n":
-            raise CheckpointError(f"truncated message section (its trailer is {trailer!r})")
-        raise CheckpointError(f"message section checksum mismatch (stored {trailer[1:-1].decode('ascii', 'replace')}, "
-                              f"computed {got[1:-1].decode()}): truncated or corrupt")
-    if malformed is not None:
-        raise CheckpointError(f"malformed message section: {malformed}")
-    if len(items) != n:
-        raise CheckpointError(f"malformed message section: {len(items)} items for a state of {n} messages")
-    if not set(map(type, items)) <= {dict, type(None)}:
-        raise CheckpointError("malformed message section: an item is neither a message nor null")
-    return items
+    return items, crc, malformed
+
+
+def _pieces_into(into: Callable[[int, memoryview], int], start: int, length: int
+                 ) -> tuple[list[Any], int, str | None]:
+    """:func:`_pieces` reading every piece into one buffer, after the start of a line not complete yet (moved to
+    the buffer's front; a line longer than a piece grows it): no new bytes object per piece."""
+    items: list[Any] = []
+    crc, pos, held = 0, 0, 0
+    malformed: str | None = None
+    buf = bytearray(min(_PIECE, length))
+    while pos < length:
+        want = min(_PIECE, length - pos)
+        if held + want > len(buf):
+            buf.extend(bytes(held + want - len(buf)))
+        with memoryview(buf) as view:
+            got = into(start + pos, view[held:held + want])
+            if got <= 0:
+                raise CheckpointError(f"truncated message section ({pos} of {length} bytes)")
+            crc = zlib.crc32(view[held:held + got], crc)
+            pos += got
+            if malformed is not None:
+                continue  # (the rest only for the checksum: a damaged section is reported as damaged)
+            end = held + got
+            cut = buf.rfind(b"\n", held, end) if pos < length else end
+            if cut < 0:
+                held = end
+                continue
+            try:
+                _lines(buf, view, cut, items)
+            except (orjson.JSONDecodeError, ValueError) as e:
+                malformed, items, held = str(e), [], 0
+                continue
+            held = end - cut - 1 if pos < length else 0
+            if held:
+                view[:held] = view[cut + 1:end]
+    return items, crc, malformed
 
 
 def _check_crc(data: bytes | memoryview, what: str) -> None:

@@ -53,10 +53,7 @@ class _Prepared:
                  captured: dict[str, Any] | None, front_json: bytes, counted: int, base: dict[str, Any] | None = None,
                  splice: tuple[int, int, int, int] | None = None, redactions: int = 0,
                  front_full: dict[str, Any] | None = None) -> None:
-        self.seq = seq
-        self.position = position
-        self.tokenizer = tokenizer
-        self.last_crc = last_crc
+        self.seq, self.position, self.tokenizer, self.last_crc = seq, position, tokenizer, last_crc
         #: the state to serialise, or None when the state section is copied
         self.captured = captured
         self.front_json = front_json
@@ -166,10 +163,7 @@ class Checkpointer(HandOff):
     """
 
     def __init__(self, store: CheckpointStore | None, session_id: str, every: int, *, writable: bool) -> None:
-        self.store = store
-        self.session_id = session_id
-        self.every = every
-        self.writable = writable
+        self.store, self.session_id, self.every, self.writable = store, session_id, every, writable
         self.seq = 0
         self.position = 0  # log position covered by the stored checkpoint (when the backend has positions)
         self.loaded_seq = 0
@@ -197,9 +191,11 @@ class Checkpointer(HandOff):
         #: counts only the messages after those n.
         self.token_total: Callable[[], tuple[int, int] | None] | None = None
         #: Set by the manager: ``() -> dict | None``, the request view's clean prefix (store/view_bound.py),
-        #: kept in the front section as ``view_prefix``; ``loaded_view_prefix`` is the one the load found.
+        #: kept in the front section as ``view_prefix``; ``loaded_view_prefix`` is the one the load found. The
+        #: same for the usage meter's ``usage_at`` (store/usage.py): ``() -> list[int] | None``.
         self.view_prefix: Callable[[], dict[str, Any] | None] | None = None
-        self.loaded_view_prefix: Any = None
+        self.usage_at: Callable[[], list[int] | None] | None = None
+        self.loaded_view_prefix = self.loaded_usage_at = None  # type: Any
         #: The clean prefix's length in the stored checkpoint (0: none).
         self.prefix_h = 0
         #: ``(n, total)`` of the checkpoint loaded at open, when it recorded one, else None.
@@ -231,12 +227,12 @@ class Checkpointer(HandOff):
         self.seq = self.loaded_seq = cp.seq
         self.position = cp.position if isinstance(cp.position, int) else 0
         self.first_crc = cp.first_crc
-        self.loaded_view_prefix = (cp.front or {}).get("view_prefix") if isinstance(cp.front, dict) else None
+        front = cp.front if isinstance(cp.front, dict) else {}
+        self.loaded_view_prefix, self.loaded_usage_at = front.get("view_prefix"), front.get("usage_at")
         self.redactions = _redactions(cp)
         h = self.loaded_view_prefix.get("h") if isinstance(self.loaded_view_prefix, dict) else None
         self.prefix_h = h if type(h) is int and h > 0 else 0
         if cp.state is None:  # the front was read first: it says how many counts the stored state holds
-            front = cp.front or {}
             counted = front.get("counted")
             self.counted = (_counted(state) if not state.is_lazy  # (a whole front: the state was read at open)
                             else counted if isinstance(counted, int) and cp.tokenizer == tokenizer() else 0)
@@ -546,6 +542,8 @@ class Checkpointer(HandOff):
                               self.view_prefix() if self.view_prefix is not None else None)
         if "view_prefix" in front:
             self.prefix_h = front["view_prefix"]["h"]
+        if (at := self.usage_at() if self.usage_at is not None else None) is not None:
+            front["usage_at"] = at
         return front
 
     async def _write(self, prep: _Prepared, log: Any) -> None:

@@ -62,7 +62,14 @@ def message_reader(f: Any) -> Callable[[int, int], bytes]:
     """``read(offset, count)`` of the open file ``f`` (the message section follows the state section in the
     file that holds it: at ``offset + length + 1 + _TRAILER`` for :func:`read_front`'s offset and length)."""
     fd = f.fileno()
-    return lambda offset, count: os.pread(fd, count, offset)
+
+    def read(offset: int, count: int) -> bytes:
+        return os.pread(fd, count, offset)
+
+    preadv = getattr(os, "preadv", None)
+    if preadv is not None:  # (payload.parse_messages reads the pieces into one buffer: no new bytes per piece)
+        read.into = lambda offset, view: preadv(fd, [view], offset)  # type: ignore[attr-defined]
+    return read
 
 
 def check_state(data: bytes, length: int) -> dict[str, Any]:
