@@ -386,3 +386,27 @@ def test_cli_tail_after_reads_from_the_database_after_its_seq(pg_config: dict[st
     assert main(["tail", sid, "-n", "20", "--json", *db]) == 0
     assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == list(range(1, 10))
     assert asked == [6, 7, 0]
+
+
+async def test_usage_reports_at_open_are_selected_not_read_with_the_whole_log(
+        pg_config: dict[str, Any], sid: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meter's rebuild at open asks PostgreSQL for the rows holding usage reports (storage/newest.py): it
+    never reads the whole log for them, also when the caller wants their positions (a file log's list)."""
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config) as s:
+        for turn in range(5):
+            await s.add_message({"role": "user", "content": f"turn {turn}"})
+            await s.record_usage({"input_tokens": 100 + turn, "output_tokens": 5}, provider="p", model="m",
+                                 id=f"r{turn}")
+    from context_persistent.storage import newest
+
+    async def whole_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the whole log was read for the usage reports")
+        yield  # (an async generator, as read_batches)
+
+    async with await PersistentContextManager.open(storage_path=tmp_path, session_id=sid, **pg_config,
+                                                   readonly=True) as s:
+        monkeypatch.setattr(PostgresEventLog, "read_batches", whole_read)
+        where: list[int] = []
+        found = await newest.newest_records(s._log, "usage_reported", 3, None, where)
+        assert [r["data"]["id"] for r in found] == ["r2", "r3", "r4"] and where == []
+        assert s.stats()["last_usage"]["id"] == "r4"

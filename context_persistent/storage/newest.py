@@ -155,7 +155,7 @@ async def newest_records(log: EventLog, kind: str, limit: int, known: tuple[int,
             return found[::-1]
     if where is not None:
         where.clear()
-    elif type(log).__name__ == "PostgresEventLog":
+    if type(log).__name__ == "PostgresEventLog":
         return (await _selected(log, kind, limit))[::-1]
     kept: deque[dict[str, Any]] = deque(maxlen=limit)
     async for batch in log.read_batches():
