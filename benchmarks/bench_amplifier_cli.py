@@ -124,7 +124,7 @@ def _scenarios(ctx: Ctx) -> list[tuple[int, int, int, str]]:
 
 def run(ctx: Ctx) -> list[Row]:
     ctx.defaults(quick={"cli_max_messages": 10_000, "cli_rounds": 2, "cli_rounds_small": 6, "cli_compaction": 1},
-                 full={"cli_max_messages": 100_000, "cli_rounds": 5, "cli_rounds_small": 16, "cli_compaction": 1})
+                 full={"cli_max_messages": 100_000, "cli_rounds": 9, "cli_rounds_small": 16, "cli_compaction": 1})
     sys.path.insert(0, str(ROOT / "tests"))
     import realhost
 
