@@ -24,6 +24,18 @@ async def _session(storage: Path, **config: Any) -> PersistentContextManager:
     return store
 
 
+def spy_backward_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions each backward read of ``newest`` stops at, appended as the reads are made."""
+    stops: list[int] = []
+    real = newest._backwards
+
+    def spy(log: Any, kind: str, limit: int, stop: int = 0, where: Any = None) -> Any:
+        stops.append(stop)
+        return real(log, kind, limit, stop, where)
+    monkeypatch.setattr(newest, "_backwards", spy)
+    return stops
+
+
 async def _forward(log: Any, kind: str, limit: int) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     async for batch in log.read_batches():
@@ -68,13 +80,7 @@ async def test_known_positions_give_what_the_backward_read_gives_and_a_wrong_one
         whole = await newest.newest_records(log, "usage_reported", 12, None, where)
         assert [r["data"]["id"] for r in whole] == [f"r{t}" for t in range(12)] and where == sorted(where)
         cut = where[8]  # (the reports r0-r7 are before it: read where the positions say)
-        stops: list[int] = []
-        real = newest._backwards
-
-        def spy(log: Any, kind: str, limit: int, stop: int = 0, where: Any = None) -> Any:
-            stops.append(stop)
-            return real(log, kind, limit, stop, where)
-        monkeypatch.setattr(newest, "_backwards", spy)
+        stops = spy_backward_reads(monkeypatch)
         for limit in (12, 6, 3):
             got: list[int] = []
             assert await newest.newest_records(log, "usage_reported", limit, (cut, where[:8]), got) == whole[-limit:]

@@ -338,13 +338,10 @@ async def test_a_resume_reads_the_reports_where_the_checkpoint_says_not_the_whol
         await store.add_messages([{"role": "assistant", "content": f"answer {turn} " + "x" * 300}] * 200)
     await store.close()
 
-    stops: list[int] = []
-    real = newest._backwards
+    from test_newest_records import spy_backward_reads
 
-    def spy(log: Any, kind: str, limit: int, stop: int = 0, where: Any = None) -> Any:
-        stops.append(stop)
-        return real(log, kind, limit, stop, where)
-    monkeypatch.setattr(newest, "_backwards", spy)
+    real = newest._backwards
+    stops = spy_backward_reads(monkeypatch)
     for turn in range(2):  # (the first resume: the checkpoint the first process wrote; then its successor's)
         store = await PersistentContextManager.open(storage_path=tmp_path, session_id="s", fsync=fsync)
         cp = store._s.checkpoints
