@@ -293,6 +293,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.parametrize("side", ["file", "segmented", "postgres"], indirect=True)  # (compressed: as segmented)
 @pytest.mark.parametrize("where", ["after", "inside"])
 async def test_a_process_killed_between_the_log_and_the_index_leaves_what_the_next_catch_up_resolves(
         side: Any, where: str, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
@@ -300,8 +301,6 @@ async def test_a_process_killed_between_the_log_and_the_index_leaves_what_the_ne
     the erased message's words are in no byte of the index files (file backend) and in no document, the marker
     stays, and the next catch-up (its process gone) indexes the session from the new log: the index then
     equals one built from scratch."""
-    if isinstance(side, _File) and side.config.get("compress_sealed"):
-        pytest.skip("the compressed log takes the same path as the segmented one here")
     async with await side.open("k") as store:
         for i in range(20):
             await store.add_message({"role": "user", "content": _text(i)})
