@@ -91,15 +91,43 @@ def test_graph_killed_in_the_tool_node_and_at_random_resumes_losing_nothing(
                            str(marks), "sync"], env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
 
+    _assert_whole_turns(store, acks, at_least=first + 1)
+    assert _lines(marks).count("3") == 2  # (the tool of turn 3 ran again after the kill: at least once, as
+    # LangGraph promises for a node whose writes were not saved)
+
+
+# A turn stores 9 records: the input checkpoint, then each task's writes and the checkpoint after it (__start__,
+# agent, tools, agent); with durability="async" a checkpoint is stored while the next task runs.
+@pytest.mark.parametrize("records", range(1, 10))
+def test_graph_stopped_after_any_record_of_a_turn_resumes_it(
+        tmp_path: Path, subprocess_env: dict[str, Any], records: int) -> None:
+    """A process (async durability) ends right after storing the n-th record of its second turn; the next
+    process finishes that turn from the last checkpoint (``state.tasks``: a checkpoint whose tasks' writes are
+    all stored has an empty ``state.next`` and is still unfinished) and runs turn 3."""
+    store, acks, marks = tmp_path / "store", tmp_path / "acks", tmp_path / "marks"
+    args = [PYTHON, str(CHILD), str(store), "thread-1"]
+    stopped = subprocess.run([*args, "1", "2", str(acks), str(marks), "async"], capture_output=True, text=True,
+                             env={**subprocess_env, "LANGGRAPH_CHILD_EXIT_AFTER": str(9 + records)}, timeout=120)
+    assert stopped.returncode == 9, stopped.stderr[-3000:]
+    assert _acked(acks) == [1]
+    done = subprocess.run([*args, "2", "3", str(acks), str(marks), "sync"], env=subprocess_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _acked(acks)[-1] == 3  # (turn 2 resumed, unless its last checkpoint was stored: a task's writes and
+    # the checkpoint after it are stored concurrently, in either order)
+    _assert_whole_turns(store, acks, at_least=3)
+
+
+def _assert_whole_turns(store: Path, acks: Path, at_least: int) -> None:
+    """The thread's last checkpoint holds every acknowledged turn (and at least ``at_least``), each whole, in
+    order and once; the store's history mirrors it; the checkpoints form one chain."""
     rows, history, checkpoints = _state(store)
     turns = len(rows) // 4
-    assert len(rows) == 4 * turns and turns >= max(_acked(acks))
+    assert len(rows) == 4 * turns and turns >= max(_acked(acks)) and turns >= at_least, (rows, acks.read_text())
     for k in range(1, turns + 1):  # every turn whole, in order, once; the model saw every earlier turn
         assert rows[4 * (k - 1):4 * k] == [
             ("human", f"turn {k}"), ("ai", f"call call-{k} lookup {{'turn': {k}}}"), ("tool", f"fact-{k}"),
             ("ai", f"answer {k}: fact-{k} (saw {k} user turns)")], rows
-    assert _lines(marks).count("3") == 2  # (the tool of turn 3 ran again after the kill: at least once, as
-    # LangGraph promises for a node whose writes were not saved)
     # The store's own history (what `context-persistent show thread-1` prints) mirrors the graph's messages.
     assert [(m["role"], m.get("content") or m["tool_calls"][0]["id"]) for m in history] == [
         ({"human": "user", "ai": "assistant"}.get(t, t), text if not text.startswith("call ") else text.split()[1])
